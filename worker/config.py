@@ -1,0 +1,320 @@
+"""Configuration: the compaction settings of DESIGN.md §2 and the service settings around them.
+
+Sources, later wins: built-in defaults -> TOML file -> environment (``COMPACTOR_...``) -> a
+snapshot's own ``config`` / ``tools`` overrides. Secrets never live in these objects: the LLM key
+is read from the environment variable named by ``llm.api_key_env`` at call time, and the Redis
+URL is masked whenever it is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from worker.errors import ConfigError
+
+AutoCompactTrigger = Literal["off", "window_share_only", "thresholds"]
+CompactionMode = Literal["local_only", "prefer_remote", "remote_only"]
+ToolHint = Literal["keep", "strip", "strip-requests", "strip-responses", "omit"]
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_CONFIG_PATH = Path("config/compactor.toml")
+# Optional numbers in TOML/env have no null; this spelling means None ("unlimited"/"off").
+_NONE_WORDS = {"none", "null", "unlimited"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+def _none_word(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() in _NONE_WORDS:
+        return None
+    return value
+
+
+class ProjectedToolResultBudget(_Strict):
+    """A strict aggregate cap on projected tool-result bodies (bytes of UTF-8)."""
+
+    max_bytes: int = Field(ge=0)
+    prioritize_recent_results: int = Field(default=2, ge=0)
+    max_preview_bytes: int = Field(default=2048, ge=0)
+
+
+class CompactionConfig(_Strict):
+    """Every field of the seed ``CompactionConfig``, plus our extensions (marked below)."""
+
+    keep_recent_tool_results: int | None = Field(default=None, ge=0)
+    projected_tool_result_budget: ProjectedToolResultBudget | None = None
+    auto_compact_trigger: AutoCompactTrigger = "thresholds"
+    auto_compact_threshold_tokens: int | None = Field(default=50_000, ge=0)
+    auto_compact_threshold_percent: int | None = Field(default=75, ge=0, le=255)
+    transcript_dir: Path = Path("transcripts")
+    summary_max_input_chars: int = Field(default=80_000, ge=1_000)
+    summary_max_output_tokens: int = Field(default=2_000, ge=16)
+    mode: CompactionMode = "local_only"
+    preserve_recent_user_tokens: int = Field(default=20_000, ge=0)
+    preserve_recent_delegation_results: int = Field(default=8, ge=0)
+    max_persisted_transcripts: int | None = Field(default=10, ge=1)
+    # --- extensions ---
+    delegation_tools: list[str] = Field(default_factory=lambda: ["delegate_task", "task", "agent"])
+    compress_tool_results: bool = True
+    compress_min_tokens: int = Field(default=200, ge=0)
+    compress_min_saving: float = Field(default=0.15, ge=0.0, lt=1.0)
+    token_counting: Literal["exact", "estimate"] = "exact"
+    max_snapshot_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=50_000, ge=1)
+
+    _none_ok = field_validator(
+        "keep_recent_tool_results",
+        "projected_tool_result_budget",
+        "auto_compact_threshold_tokens",
+        "auto_compact_threshold_percent",
+        "max_persisted_transcripts",
+        mode="before",
+    )(_none_word)
+
+    def auto_compact_threshold(self, context_window: int | None) -> int | None:
+        """The token count at which a run compacts; None means it does not auto-compact."""
+        percent = self.auto_compact_threshold_percent
+        if self.auto_compact_trigger == "off":
+            return None
+        if self.auto_compact_trigger == "window_share_only":
+            if context_window is None or percent is None:
+                return None
+            return _share(context_window, percent)
+        if self.auto_compact_threshold_tokens is None:
+            return None
+        if context_window is not None and percent is not None:
+            return _share(context_window, percent)
+        return self.auto_compact_threshold_tokens
+
+    def auto_compact_enabled(self) -> bool:
+        """Whether auto-compaction can fire at all, for some context window."""
+        if self.auto_compact_trigger == "off":
+            return False
+        if self.auto_compact_trigger == "window_share_only":
+            return self.auto_compact_threshold_percent is not None
+        return self.auto_compact_threshold_tokens is not None
+
+
+def _share(context_window: int, percent: int) -> int:
+    return context_window * min(percent, 100) // 100
+
+
+class ToolConfig(_Strict):
+    """``[conversation.tools.NAME]``: the per-tool compaction hint (unset inherits)."""
+
+    compaction: ToolHint | None = None
+
+
+class LLMConfig(_Strict):
+    """``[llm]``: the summarizing model. The key itself is read from ``api_key_env`` at call time."""
+
+    provider: Literal["openai", "anthropic"] = "openai"
+    base_url: str = "https://api.openai.com/v1"
+    model: str = "gpt-4.1-mini"
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = Field(default=60.0, gt=0)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    deadline_s: float = Field(default=180.0, gt=0)
+    max_retries: int = Field(default=4, ge=0)
+    backoff_base_s: float = Field(default=0.5, ge=0)
+    backoff_max_s: float = Field(default=20.0, ge=0)
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)  # may carry credentials
+    temperature: float | None = Field(default=0.0, ge=0)
+    extra_instruction: str = ""
+    max_concurrency: int = Field(default=256, ge=1)
+    circuit_failure_threshold: int = Field(default=5, ge=1)
+    circuit_reset_s: float = Field(default=30.0, gt=0)
+    anthropic_version: str = "2023-06-01"
+
+
+class RedisConfig(_Strict):
+    """``[redis]``. ``url`` may carry a password; it is masked whenever shown."""
+
+    url: SecretStr | None = None
+    stream_maxlen: int = Field(default=1000, ge=10)
+    stream_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
+    snapshot_ttl_s: int = Field(default=24 * 3600, ge=60)
+
+
+class TranscriptRetention(_Strict):
+    """``[transcripts]``: retention beyond ``max_persisted_transcripts``."""
+
+    max_age_days: float | None = Field(default=None, gt=0)
+    max_total_bytes: int | None = Field(default=None, ge=0)
+
+    _none_ok = field_validator("max_age_days", "max_total_bytes", mode="before")(_none_word)
+
+
+class Settings(_Strict):
+    """Everything the service reads, resolved once and passed down."""
+
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    tools: dict[str, ToolConfig] = Field(default_factory=dict)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    transcripts: TranscriptRetention = Field(default_factory=TranscriptRetention)
+    source: str = "defaults"
+
+    def with_overrides(
+        self, config: Mapping[str, Any] | None, tools: Mapping[str, Any] | None
+    ) -> Settings:
+        """These settings with a snapshot's own ``config`` and ``tools`` applied on top."""
+        if not config and not tools:
+            return self
+        merged = self.compaction.model_dump() | dict(config or {})
+        tool_map = {k: v.model_dump() for k, v in self.tools.items()} | dict(tools or {})
+        return self.model_copy(
+            update={
+                "compaction": _validate(CompactionConfig, merged, prefix="config"),
+                "tools": _validate_tools(tool_map, prefix="tools"),
+            }
+        )
+
+
+def _validate(model: type[M], data: Any, *, prefix: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc, prefix) from None
+
+
+def _validate_tools(data: Any, *, prefix: str) -> dict[str, ToolConfig]:
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix, "must be a table of tool names")
+    return {str(k): _validate(ToolConfig, v, prefix=f"{prefix}.{k}") for k, v in data.items()}
+
+
+def _config_error(exc: ValidationError, prefix: str) -> ConfigError:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    key = f"{prefix}.{loc}" if loc else prefix
+    reason = first["msg"]
+    if first["type"] == "extra_forbidden":
+        reason = "unknown key"
+    return ConfigError(key, reason)
+
+
+_SECTIONS = {
+    "compaction": CompactionConfig,
+    "llm": LLMConfig,
+    "redis": RedisConfig,
+    "transcripts": TranscriptRetention,
+}
+
+
+def settings_from_mapping(data: Mapping[str, Any], *, source: str = "mapping") -> Settings:
+    """Validate a TOML-shaped mapping; errors name the dotted key."""
+    unknown = set(data) - set(_SECTIONS) - {"conversation"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown section")
+    parts: dict[str, Any] = {"source": source}
+    for name, model in _SECTIONS.items():
+        section = data.get(name, {})
+        if not isinstance(section, Mapping):
+            raise ConfigError(name, "must be a table")
+        parts[name] = _validate(model, section, prefix=name)
+    conversation = data.get("conversation", {})
+    if not isinstance(conversation, Mapping) or set(conversation) - {"tools"}:
+        raise ConfigError("conversation", "only [conversation.tools.NAME] tables are allowed")
+    parts["tools"] = _validate_tools(conversation.get("tools", {}), prefix="conversation.tools")
+    return Settings(**parts)
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """``COMPACTOR_<FIELD>`` for [compaction], ``COMPACTOR_<SECTION>_<FIELD>`` for the others."""
+    out: dict[str, dict[str, Any]] = {}
+    for section, model in _SECTIONS.items():
+        prefix = "COMPACTOR_" if section == "compaction" else f"COMPACTOR_{section.upper()}_"
+        for field in model.model_fields:
+            raw = environ.get(prefix + field.upper())
+            if raw is not None:
+                out.setdefault(section, {})[field] = _env_value(raw)
+    return out
+
+
+def _env_value(raw: str) -> Any:
+    text = raw.strip()
+    if text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def config_path(explicit: str | Path | None, environ: Mapping[str, str]) -> Path | None:
+    """``--config``, else ``COMPACTOR_CONFIG``, else ``config/compactor.toml`` if it exists."""
+    if explicit:
+        return Path(explicit)
+    if environ.get("COMPACTOR_CONFIG"):
+        return Path(environ["COMPACTOR_CONFIG"])
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def load_settings(
+    path: str | Path | None = None, *, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Resolve defaults -> TOML file -> environment."""
+    env = os.environ if environ is None else environ
+    file = config_path(path, env)
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if file is not None:
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(str(file), "config file not found") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(str(file), f"not valid TOML: {exc}") from None
+        source = str(file)
+    overrides = env_overrides(env)
+    if overrides:
+        source += " + environment"
+    return settings_from_mapping(_deep_merge(data, overrides), source=source)
+
+
+def mask_url(url: str | None) -> str | None:
+    """``redis://user:secret@host`` -> ``redis://user:***@host``."""
+    if not url or "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0] if ":" in creds else ""
+    return f"{scheme}://{user}:***@{host}"
+
+
+def redis_url(settings: Settings) -> str | None:
+    """The broker URL (``[redis] url`` or ``COMPACTOR_REDIS_URL``), or None for embedded mode."""
+    return settings.redis.url.get_secret_value() if settings.redis.url else None
+
+
+def shown_settings(settings: Settings) -> dict[str, Any]:
+    """The resolved configuration as ``config show`` prints it: secrets masked."""
+    data = settings.model_dump(mode="json")
+    data["redis"]["url"] = mask_url(redis_url(settings))
+    data["llm"]["headers"] = {k: "***" for k in settings.llm.headers}
+    data["llm"]["api_key"] = (
+        "set (masked)" if os.environ.get(settings.llm.api_key_env) else "not set"
+    )
+    data["conversation"] = {"tools": data.pop("tools")}
+    return data

@@ -1,0 +1,105 @@
+"""One error tree for the whole service.
+
+Third-party exceptions are converted into these once, in the adapter that meets them; Celery
+tasks retry on :class:`TransientError` only and turn everything else into a final event.
+"""
+
+from __future__ import annotations
+
+
+class CompactorError(Exception):
+    """Base of every error the service raises on purpose. ``code`` is stable and machine-readable."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.code
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": self.code, "message": self.message}
+
+
+class PermanentError(CompactorError):
+    """Retrying cannot help: bad input, bad configuration, a lost lease."""
+
+    code = "permanent"
+
+
+class TransientError(CompactorError):
+    """May succeed later: a network fault, a busy provider, an unavailable store."""
+
+    code = "transient"
+
+
+class ConfigError(PermanentError):
+    """A configuration value is invalid; ``key`` names it (dotted, as in the TOML file)."""
+
+    code = "invalid_config"
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": self.code, "key": self.key, "message": self.message}
+
+
+class InvalidSnapshot(PermanentError):
+    """A snapshot was rejected; ``field`` names where (dotted path), ``reason`` says why."""
+
+    code = "invalid_snapshot"
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}" if field else reason)
+        self.field = field
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": self.code, "field": self.field, "reason": self.reason}
+
+
+class TokenizerUnavailable(PermanentError):
+    code = "tokenizer_unavailable"
+
+
+class StorageError(TransientError):
+    """The transcript store could not take a write (read-only, full, missing)."""
+
+    code = "storage_unavailable"
+
+
+class SummaryError(CompactorError):
+    """Summarization failed; subclasses say whether a retry may help."""
+
+    code = "summary_failed"
+
+
+class LeaseLost(PermanentError):
+    """This worker no longer holds the conversation's lock; it must not publish."""
+
+    code = "lease_lost"
+
+
+class LLMTransientError(TransientError):
+    """The LLM provider failed in a way a later attempt may not (429, 5xx, timeout, network)."""
+
+    code = "llm_unavailable"
+
+
+class LLMPermanentError(PermanentError):
+    """The LLM provider refused the request for good (4xx other than 429, bad key, bad model)."""
+
+    code = "llm_rejected"
+
+
+class CompressionError(PermanentError):
+    """A compressed tool result cannot be expanded (unknown or corrupt form)."""
+
+    code = "compression_invalid"

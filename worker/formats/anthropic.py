@@ -1,0 +1,171 @@
+"""Anthropic Messages: content blocks ``text``, ``tool_use``, ``tool_result``, ``thinking``.
+
+A user message that carries tool results becomes one internal ``tool`` message per result,
+followed by a ``user`` message for any text it also carries; all of them keep the wire message's
+``source_index``, so grouping never splits one wire message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker.errors import InvalidSnapshot
+from worker.models import Message, ToolCall
+
+_PLACEHOLDER_BLOCKS = {"image", "document", "redacted_thinking", "search_result"}
+
+
+def to_messages(raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any) -> list[Message]:
+    out: list[Message] = []
+    if system is not None:
+        text = system if isinstance(system, str) else _texts(system, "system", allow=())
+        out.append(Message(id="system", role="system", content=text, source_index=-1))
+    names: dict[str, str] = {}
+    for index, raw in enumerate(raw_messages):
+        role = raw.get("role")
+        if role == "assistant":
+            msg = _assistant(index, raw, ids[index])
+            names.update((c.id, c.name) for c in msg.tool_calls)
+            out.append(msg)
+        elif role == "user":
+            out.extend(_user(index, raw, ids[index], names))
+        else:
+            raise InvalidSnapshot(f"messages[{index}].role", f"unknown role {role!r}")
+    return out
+
+
+def _blocks(raw: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    content = raw.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise InvalidSnapshot(where, "must be a string or a list of content blocks")
+    for k, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise InvalidSnapshot(f"{where}[{k}]", "a content block needs a string 'type'")
+    return content
+
+
+def _texts(blocks: Any, where: str, *, allow: tuple[str, ...]) -> str:
+    if not isinstance(blocks, list):
+        raise InvalidSnapshot(where, "must be a string or a list of content blocks")
+    texts = []
+    for k, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            if not isinstance(block.get("text"), str):
+                raise InvalidSnapshot(f"{where}[{k}].text", "must be a string")
+            texts.append(block["text"])
+        elif kind not in _PLACEHOLDER_BLOCKS and kind not in allow:
+            raise InvalidSnapshot(f"{where}[{k}].type", f"unexpected block type {kind!r}")
+    return "\n".join(texts)
+
+
+def _assistant(index: int, raw: dict[str, Any], mid: str) -> Message:
+    where = f"messages[{index}].content"
+    texts, thinking, calls = [], [], []
+    for k, block in enumerate(_blocks(raw, where)):
+        kind, at = block["type"], f"{where}[{k}]"
+        if kind == "text":
+            texts.append(_field(block, "text", at))
+        elif kind == "thinking":
+            thinking.append(_field(block, "thinking", at))
+        elif kind == "tool_use":
+            calls.append(ToolCall(
+                id=_field(block, "id", at, nonempty=True),
+                name=_field(block, "name", at, nonempty=True),
+                arguments=json.dumps(block.get("input", {}), ensure_ascii=False),
+            ))
+        elif kind not in _PLACEHOLDER_BLOCKS:
+            raise InvalidSnapshot(f"{at}.type", f"unexpected block type {kind!r} for assistant")
+    return Message(id=mid, role="assistant", content="\n".join(texts),
+                   reasoning="\n".join(thinking), tool_calls=tuple(calls), source_index=index)
+
+
+def _user(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
+    where = f"messages[{index}].content"
+    out, texts = [], []
+    for k, block in enumerate(_blocks(raw, where)):
+        kind, at = block["type"], f"{where}[{k}]"
+        if kind == "tool_result":
+            cid = _field(block, "tool_use_id", at, nonempty=True)
+            body = block.get("content", "")
+            text = body if isinstance(body, str) else _texts(body, f"{at}.content", allow=())
+            out.append(Message(id=f"{mid}/r{len(out)}", role="tool", content=text,
+                               tool_call_id=cid, tool_name=names.get(cid), source_index=index))
+        elif kind == "text":
+            texts.append(_field(block, "text", at))
+        elif kind not in _PLACEHOLDER_BLOCKS:
+            raise InvalidSnapshot(f"{at}.type", f"unexpected block type {kind!r} for user")
+    if texts or not out:
+        user_id = f"{mid}/t" if out else mid
+        out.append(Message(id=user_id, role="user", content="\n".join(texts), source_index=index))
+    return out
+
+
+def _field(block: dict[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
+    value = block.get(key)
+    if not isinstance(value, str) or (nonempty and not value):
+        raise InvalidSnapshot(f"{where}.{key}", "must be a non-empty string" if nonempty
+                              else "must be a string")
+    return value
+
+
+def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
+    """Consecutive tool results share one user message, as the Messages API expects."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            block = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
+            if out and out[-1]["role"] == "user" and out[-1].get("_results"):
+                out[-1]["content"].append(block)
+                continue
+            out.append(_wire(m, "user", [block], with_ids) | {"_results": True})
+            continue
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+        blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+                   for c in m.tool_calls]
+        role = "assistant" if m.role == "assistant" else "user"
+        out.append(_wire(m, role, blocks or [{"type": "text", "text": ""}], with_ids))
+    for raw in out:
+        raw.pop("_results", None)
+    return out
+
+
+def _wire(m: Message, role: str, blocks: list[dict[str, Any]], with_ids: bool) -> dict[str, Any]:
+    raw: dict[str, Any] = {"id": m.id} if with_ids else {}
+    raw.update(role=role, content=blocks)
+    return raw
+
+
+def _input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return {"_raw": arguments}
+
+
+def text_message(role: str, text: str, *, msg_id: str | None) -> dict[str, Any]:
+    raw: dict[str, Any] = {"id": msg_id} if msg_id else {}
+    raw.update(role="user" if role != "assistant" else role,
+               content=[{"type": "text", "text": text}])
+    return raw
+
+
+def replace_tool_results(
+    raw_messages: list[dict[str, Any]], bodies: dict[str, str]
+) -> list[dict[str, Any]]:
+    out = []
+    for raw in raw_messages:
+        content = raw.get("content")
+        if raw.get("role") != "user" or not isinstance(content, list):
+            out.append(raw)
+            continue
+        blocks = [
+            {**b, "content": bodies[b["tool_use_id"]]}
+            if b.get("type") == "tool_result" and b.get("tool_use_id") in bodies else b
+            for b in content
+        ]
+        out.append({**raw, "content": blocks})
+    return out

