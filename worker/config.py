@@ -116,7 +116,7 @@ class ToolConfig(_Strict):
 
 
 class LLMConfig(_Strict):
-    """``[llm]``: the summarizing model. The key itself is read from ``api_key_env`` at call time."""
+    """``[llm]``: the summarizing model. The key is read from ``api_key_env`` at call time."""
 
     provider: Literal["openai", "anthropic"] = "openai"
     base_url: str = "https://api.openai.com/v1"
@@ -129,12 +129,17 @@ class LLMConfig(_Strict):
     backoff_base_s: float = Field(default=0.5, ge=0)
     backoff_max_s: float = Field(default=20.0, ge=0)
     headers: dict[str, str] = Field(default_factory=dict, repr=False)  # may carry credentials
-    temperature: float | None = Field(default=0.0, ge=0)
+    temperature: float | None = Field(default=0.0, ge=0, le=2)  # None: omitted from requests
     extra_instruction: str = ""
     max_concurrency: int = Field(default=256, ge=1)
     circuit_failure_threshold: int = Field(default=5, ge=1)
     circuit_reset_s: float = Field(default=30.0, gt=0)
     anthropic_version: str = "2023-06-01"
+    # OpenAI-compatible only: which body field carries the output bound. ``max_tokens`` is what
+    # every compatible server (vLLM, Ollama, llama.cpp, LiteLLM) understands; OpenAI's reasoning
+    # models (o-series, gpt-5) accept only ``max_completion_tokens``.
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    max_response_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # larger answers fail
 
 
 class RedisConfig(_Strict):
@@ -204,7 +209,7 @@ def _config_error(exc: ValidationError, prefix: str) -> ConfigError:
     return ConfigError(key, reason)
 
 
-_SECTIONS = {
+_SECTIONS: dict[str, type[BaseModel]] = {
     "compaction": CompactionConfig,
     "llm": LLMConfig,
     "redis": RedisConfig,

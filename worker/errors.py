@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 class CompactorError(Exception):
-    """Base of every error the service raises on purpose. ``code`` is stable and machine-readable."""
+    """Base of every error the service raises on purpose; ``code`` is stable, machine-readable."""
 
     code = "error"
 

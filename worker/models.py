@@ -122,7 +122,7 @@ class Compaction(_Frozen):
 class ElidedResult(_Frozen):
     call_id: str
     tool: str
-    action: Literal["marker", "ellipsis", "emptied", "preview", "compressed"]
+    action: Literal["marker", "ellipsis", "emptied", "preview"]
     bytes_before: int
     bytes_after: int
 

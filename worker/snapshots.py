@@ -55,7 +55,9 @@ def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidSnapshot("", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise InvalidSnapshot(
+            "", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     except RecursionError:
         raise InvalidSnapshot("", f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     return value
@@ -86,7 +88,11 @@ def _check_depth(text: str) -> None:
 def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) -> ParsedSnapshot:
     """Validate a snapshot completely; raise InvalidSnapshot naming the field and the reason."""
     limits = settings.compaction
-    value = data if isinstance(data, Mapping) else decode_json(data, max_bytes=limits.max_snapshot_bytes)
+    value = (
+        data
+        if isinstance(data, Mapping)
+        else decode_json(data, max_bytes=limits.max_snapshot_bytes)
+    )
     if not isinstance(value, Mapping):
         raise InvalidSnapshot("", "a snapshot must be a JSON object")
     _check_text_encodable(value)
@@ -95,7 +101,9 @@ def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) ->
     except ValidationError as exc:
         raise _snapshot_error(exc) from None
     if len(snapshot.messages) > limits.max_messages:
-        raise InvalidSnapshot("messages", f"{len(snapshot.messages)} messages; the limit is {limits.max_messages}")
+        raise InvalidSnapshot(
+            "messages", f"{len(snapshot.messages)} messages; the limit is {limits.max_messages}"
+        )
     effective = _effective_settings(settings, snapshot)
     messages = formats.to_messages(snapshot.format, snapshot.messages, system=snapshot.system)
     ids = formats.source_ids(snapshot.messages)
@@ -106,7 +114,9 @@ def _check_text_encodable(value: Mapping[str, Any]) -> None:
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidSnapshot("", "text contains a lone UTF-16 surrogate (not valid Unicode)") from None
+        raise InvalidSnapshot(
+            "", "text contains a lone UTF-16 surrogate (not valid Unicode)"
+        ) from None
     except RecursionError:
         raise InvalidSnapshot("", f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
 
@@ -132,5 +142,5 @@ def _snapshot_error(exc: ValidationError) -> InvalidSnapshot:
     elif first["type"] == "missing":
         reason = "required field is missing"
     elif first["type"] == "string_pattern_mismatch" and field == "conversation_id":
-        reason = ("must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.'")
+        reason = "must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.'"
     return InvalidSnapshot(field, reason)

@@ -38,9 +38,13 @@ _RANK_FILES: dict[str, tuple[str, str]] = {
     ),
 }
 # Encodings built from one of the rank files above.
-_RANKS_OF = {"o200k_base": "o200k_base", "o200k_harmony": "o200k_base", "cl100k_base": "cl100k_base"}
+_RANKS_OF = {
+    "o200k_base": "o200k_base",
+    "o200k_harmony": "o200k_base",
+    "cl100k_base": "cl100k_base",
+}
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # tokenizer_for builds encodings while holding it
 _encodings: dict[str, tiktoken.Encoding] = {}
 
 
@@ -113,7 +117,7 @@ def get_encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
 
 
 def count_tokens(text: str, model: str | None = None) -> int:
-    """Exactly as many tokens as tiktoken counts for ``model``'s encoding (special tokens as text)."""
+    """Exactly tiktoken's count for ``model``'s encoding (special tokens counted as text)."""
     enc = get_encoding(encoding_name_for_model(model))
     return len(enc.encode(text, disallowed_special=()))
 
@@ -188,3 +192,17 @@ def tokenizer_for(model: str | None, *, estimate: bool = False) -> Tokenizer:
 
 
 TokenCounter = Callable[[str], int]
+
+
+def cut_to_tokens(text: str, max_tokens: int, model: str | None = None) -> tuple[str, bool]:
+    """``text`` cut to at most ``max_tokens`` tokens at a token boundary; (text, was_cut)."""
+    enc = get_encoding(encoding_name_for_model(model))
+    ids = enc.encode(text, disallowed_special=())
+    if len(ids) <= max_tokens:
+        return text, False
+    cut = enc.decode(ids[: max(max_tokens, 0)])
+    # A token can end inside a multi-byte character; drop the replacement char it decodes to.
+    cut = cut.rstrip("\ufffd")
+    while cut and len(enc.encode(cut, disallowed_special=())) > max_tokens:
+        cut = cut[:-1]
+    return cut, True

@@ -42,7 +42,7 @@ def to_messages(
     fmt: WireFormat, raw_messages: list[dict[str, Any]], *, system: Any = None
 ) -> list[Message]:
     ids = source_ids(raw_messages)
-    messages = _MODULES[fmt].to_messages(raw_messages, ids, system=system)
+    messages: list[Message] = _MODULES[fmt].to_messages(raw_messages, ids, system=system)
     check_tool_pairing(messages)
     return messages
 

@@ -16,7 +16,9 @@ from worker.models import Message, ToolCall
 _PLACEHOLDER_BLOCKS = {"image", "document", "redacted_thinking", "search_result"}
 
 
-def to_messages(raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any) -> list[Message]:
+def to_messages(
+    raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any
+) -> list[Message]:
     out: list[Message] = []
     if system is not None:
         text = system if isinstance(system, str) else _texts(system, "system", allow=())
@@ -72,28 +74,45 @@ def _assistant(index: int, raw: dict[str, Any], mid: str) -> Message:
         elif kind == "thinking":
             thinking.append(_field(block, "thinking", at))
         elif kind == "tool_use":
-            calls.append(ToolCall(
-                id=_field(block, "id", at, nonempty=True),
-                name=_field(block, "name", at, nonempty=True),
-                arguments=json.dumps(block.get("input", {}), ensure_ascii=False),
-            ))
+            calls.append(
+                ToolCall(
+                    id=_field(block, "id", at, nonempty=True),
+                    name=_field(block, "name", at, nonempty=True),
+                    arguments=json.dumps(block.get("input", {}), ensure_ascii=False),
+                )
+            )
         elif kind not in _PLACEHOLDER_BLOCKS:
             raise InvalidSnapshot(f"{at}.type", f"unexpected block type {kind!r} for assistant")
-    return Message(id=mid, role="assistant", content="\n".join(texts),
-                   reasoning="\n".join(thinking), tool_calls=tuple(calls), source_index=index)
+    return Message(
+        id=mid,
+        role="assistant",
+        content="\n".join(texts),
+        reasoning="\n".join(thinking),
+        tool_calls=tuple(calls),
+        source_index=index,
+    )
 
 
 def _user(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
     where = f"messages[{index}].content"
-    out, texts = [], []
+    out: list[Message] = []
+    texts: list[str] = []
     for k, block in enumerate(_blocks(raw, where)):
         kind, at = block["type"], f"{where}[{k}]"
         if kind == "tool_result":
             cid = _field(block, "tool_use_id", at, nonempty=True)
             body = block.get("content", "")
             text = body if isinstance(body, str) else _texts(body, f"{at}.content", allow=())
-            out.append(Message(id=f"{mid}/r{len(out)}", role="tool", content=text,
-                               tool_call_id=cid, tool_name=names.get(cid), source_index=index))
+            out.append(
+                Message(
+                    id=f"{mid}/r{len(out)}",
+                    role="tool",
+                    content=text,
+                    tool_call_id=cid,
+                    tool_name=names.get(cid),
+                    source_index=index,
+                )
+            )
         elif kind == "text":
             texts.append(_field(block, "text", at))
         elif kind not in _PLACEHOLDER_BLOCKS:
@@ -107,8 +126,9 @@ def _user(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> l
 def _field(block: dict[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
     value = block.get(key)
     if not isinstance(value, str) or (nonempty and not value):
-        raise InvalidSnapshot(f"{where}.{key}", "must be a non-empty string" if nonempty
-                              else "must be a string")
+        raise InvalidSnapshot(
+            f"{where}.{key}", "must be a non-empty string" if nonempty else "must be a string"
+        )
     return value
 
 
@@ -124,8 +144,10 @@ def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
             out.append(_wire(m, "user", [block], with_ids) | {"_results": True})
             continue
         blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
-        blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
-                   for c in m.tool_calls]
+        blocks += [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+            for c in m.tool_calls
+        ]
         role = "assistant" if m.role == "assistant" else "user"
         out.append(_wire(m, role, blocks or [{"type": "text", "text": ""}], with_ids))
     for raw in out:
@@ -148,8 +170,9 @@ def _input(arguments: str) -> Any:
 
 def text_message(role: str, text: str, *, msg_id: str | None) -> dict[str, Any]:
     raw: dict[str, Any] = {"id": msg_id} if msg_id else {}
-    raw.update(role="user" if role != "assistant" else role,
-               content=[{"type": "text", "text": text}])
+    raw.update(
+        role="user" if role != "assistant" else role, content=[{"type": "text", "text": text}]
+    )
     return raw
 
 
@@ -164,7 +187,8 @@ def replace_tool_results(
             continue
         blocks = [
             {**b, "content": bodies[b["tool_use_id"]]}
-            if b.get("type") == "tool_result" and b.get("tool_use_id") in bodies else b
+            if b.get("type") == "tool_result" and b.get("tool_use_id") in bodies
+            else b
             for b in content
         ]
         out.append({**raw, "content": blocks})

@@ -8,11 +8,18 @@ from typing import Any
 from worker.errors import InvalidSnapshot
 from worker.models import Message, ToolCall
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-          "tool": "tool"}
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
-def to_messages(raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any) -> list[Message]:
+def to_messages(
+    raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any
+) -> list[Message]:
     if system is not None:
         raise InvalidSnapshot("system", "only the anthropic format has a top-level system")
     names: dict[str, str] = {}
@@ -42,8 +49,14 @@ def _message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -
         if not isinstance(call_id, str) or not call_id:
             raise InvalidSnapshot(f"{where}.tool_call_id", "a tool message needs a tool_call_id")
     return Message(
-        id=mid, role=_ROLES[role], content=content, reasoning=reasoning, tool_calls=calls,
-        tool_call_id=call_id, tool_name=names.get(call_id or ""), source_index=index,
+        id=mid,
+        role=_ROLES[role],
+        content=content,
+        reasoning=reasoning,
+        tool_calls=calls,
+        tool_call_id=call_id,
+        tool_name=names.get(call_id or ""),
+        source_index=index,
     )
 
 
@@ -96,8 +109,11 @@ def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
         raw["content"] = m.content if (m.content or not m.tool_calls) else None
         if m.tool_calls:
             raw["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
                 for c in m.tool_calls
             ]
         if m.role == "tool":

@@ -1,0 +1,27 @@
+# Set-up is part of every target: the first run makes .venv in the checkout and installs the
+# package with its test tools; later runs reuse it until pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check worker tests bench examples
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) transcripts .pytest_cache .mypy_cache .ruff_cache

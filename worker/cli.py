@@ -1,0 +1,207 @@
+"""``compactor``: the command line (DESIGN.md §4).
+
+Exit codes: 0 done; 1 the work failed (a ``compaction.failed`` event, an unexpected error);
+2 the input was rejected (a bad snapshot, bad configuration, a bad argument). Errors go to
+stderr as one JSON line, never as a traceback (set ``COMPACTOR_DEBUG=1`` to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from worker.config import Settings, load_settings, shown_settings
+from worker.errors import CompactorError, ConfigError, InvalidSnapshot, PermanentError
+
+EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
+log = logging.getLogger("worker.cli")
+
+
+class UsageError(PermanentError):
+    code = "usage"
+
+
+def _print_error(error: dict[str, Any]) -> None:
+    sys.stderr.write(json.dumps(error, ensure_ascii=False) + "\n")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(args.config)
+
+
+def _read_input(path: str, max_bytes: int) -> bytes:
+    """A file (or ``-`` for stdin), refusing oversize input before reading all of it."""
+    if path == "-":
+        data = sys.stdin.buffer.read(max_bytes + 1)
+    else:
+        try:
+            size = os.stat(path).st_size
+            if size > max_bytes:
+                raise InvalidSnapshot("", f"snapshot is {size} bytes; the limit is {max_bytes}")
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise InvalidSnapshot("", f"snapshot is over the limit of {max_bytes} bytes")
+    return data
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from worker.pipeline import Adapters, run_pipeline
+    from worker.snapshots import parse_snapshot
+    from worker.summarize_factory import llm_summarizer
+    from worker.transcripts import TranscriptStore
+
+    settings = _settings(args)
+    parsed = parse_snapshot(
+        _read_input(args.snapshot, settings.compaction.max_snapshot_bytes), settings
+    )
+    llm = llm_summarizer(parsed.settings)
+    try:
+        events = run_pipeline(
+            parsed,
+            Adapters(store=TranscriptStore(parsed.settings.compaction.transcript_dir), llm=llm),
+        )
+    finally:
+        if llm is not None:
+            llm.close()
+    for event in events:
+        sys.stdout.write(event.to_json() + "\n")
+    return EXIT_FAILED if events[-1].type == "compaction.failed" else EXIT_OK
+
+
+def cmd_compress(args: argparse.Namespace) -> int:
+    from worker.compress import compress_with_stats
+
+    raw = _read_input(args.output, 1 << 30).decode("utf-8")
+    value: Any = raw
+    if args.json:
+        value = json.loads(raw)
+    outcome = compress_with_stats(args.tool, value)
+    out = outcome.output
+    sys.stdout.write(out if isinstance(out, str) else json.dumps(out, ensure_ascii=False))
+    if args.stats:
+        saved = outcome.tokens_before - outcome.tokens_after
+        share = saved / outcome.tokens_before if outcome.tokens_before else 0.0
+        _print_error(
+            {
+                "codec": outcome.codec,
+                "compressed": outcome.compressed,
+                "tokens_before": outcome.tokens_before,
+                "tokens_after": outcome.tokens_after,
+                "saved": f"{share:.1%}",
+            }
+        )
+    return EXIT_OK
+
+
+def cmd_decompress(args: argparse.Namespace) -> int:
+    from worker.compress import decompress_tool_result
+
+    raw = _read_input(args.file, 1 << 30).decode("utf-8")
+    out = decompress_tool_result(args.tool, json.loads(raw) if args.json else raw)
+    sys.stdout.write(out if isinstance(out, str) else json.dumps(out, ensure_ascii=False))
+    return EXIT_OK
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    sys.stdout.write(json.dumps(shown_settings(_settings(args)), indent=2, default=str) + "\n")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from worker.transcripts import TranscriptStore
+
+    settings = _settings(args)
+    store = TranscriptStore(settings.compaction.transcript_dir)
+    retention = settings.transcripts
+    removed = store.prune(
+        keep_per_conversation=settings.compaction.max_persisted_transcripts,
+        max_age_s=retention.max_age_days * 86400 if retention.max_age_days else None,
+        max_total_bytes=retention.max_total_bytes,
+        dry_run=args.dry_run,
+    )
+    key = "would_remove" if args.dry_run else "removed"
+    sys.stdout.write(json.dumps({key: [str(p) for p in removed]}) + "\n")
+    return EXIT_OK
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="compactor", description=__doc__.split("\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        help="TOML file (default: $COMPACTOR_CONFIG, then "
+        "config/compactor.toml, then built-in defaults)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compact", parents=[common], help="run the whole pipeline in-process")
+    p.add_argument("snapshot", help="snapshot JSON file, or - for stdin")
+    p.set_defaults(func=cmd_compact)
+
+    p = sub.add_parser("compress", parents=[common], help="losslessly compress a tool output")
+    p.add_argument("tool")
+    p.add_argument("output", help="the tool's output file (text, or JSON with --json)")
+    p.add_argument("--json", action="store_true", help="the file holds a JSON value")
+    p.add_argument("--stats", action="store_true", help="print tokens before/after to stderr")
+    p.set_defaults(func=cmd_compress)
+
+    p = sub.add_parser("decompress", parents=[common], help="exact inverse of compress")
+    p.add_argument("tool")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="the file holds a JSON value")
+    p.set_defaults(func=cmd_decompress)
+
+    p = sub.add_parser("config", parents=[common], help="configuration")
+    config_sub = p.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", parents=[common], help="resolved config, secrets masked")
+    show.set_defaults(func=cmd_config_show)
+
+    p = sub.add_parser("prune", parents=[common], help="apply transcript retention now")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(func=cmd_prune)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("COMPACTOR_LOG_LEVEL", "WARNING").upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (InvalidSnapshot, ConfigError, UsageError) as exc:
+        _print_error(exc.to_dict())
+        return EXIT_REJECTED
+    except CompactorError as exc:
+        _print_error(exc.to_dict())
+        return EXIT_FAILED
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        _print_error({"error": "invalid_input", "message": str(exc)})
+        return EXIT_REJECTED
+    except Exception as exc:  # the last line of defence: one JSON line, no traceback
+        if os.environ.get("COMPACTOR_DEBUG"):
+            raise
+        log.debug("unexpected error", exc_info=True)
+        _print_error({"error": "internal", "message": f"{type(exc).__name__}: {exc}"})
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

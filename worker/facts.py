@@ -1,0 +1,167 @@
+"""Facts taken deterministically from a range of messages: files, commands, errors.
+
+Both summarizers use them: the digest prints them, and the LLM prompt passes them as must-keep
+items and checks the answer for them. Extraction is regex-based and conservative: a "path" has a
+directory separator or a file extension, so prose like "e.g." does not count.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.models import Message
+
+_PATH = re.compile(
+    r"(?<![\w/.\-~])"
+    r"(?:~?/|\.{1,2}/)?"  # absolute, home or relative prefix
+    r"(?:[\w@+\-.]+/)*"  # directories
+    r"[\w@+\-]+(?:\.[\w@+\-]+)*"  # file name
+    r"/?"
+)
+_EXTENSION = re.compile(r"[\w@+\-]{2,}\.[A-Za-z][A-Za-z0-9]{0,7}$")
+_ERROR_LINE = re.compile(
+    r"(Traceback \(most recent call last\)|^\w*(Error|Exception)\b|\bError:|error:|^E\s{2,}|"
+    r"FAILED\b|^FAIL:|fatal:|No such file or directory|command not found|Permission denied)"
+)
+_EMAIL = re.compile(r"@[\w\-]+\.[A-Za-z]")
+_RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>")
+MAX_ERROR_LINE_CHARS = 240
+
+
+@dataclass
+class ToolAction:
+    index: int  # message index of the call
+    tool: str
+    call_id: str
+    key_argument: str  # the command, path or query that identifies the call
+    failed: bool = False
+    error_lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Facts:
+    paths: list[str] = field(default_factory=list)  # in first-seen order, unique
+    actions: list[ToolAction] = field(default_factory=list)
+
+    @property
+    def failing(self) -> list[ToolAction]:
+        return [a for a in self.actions if a.failed]
+
+
+def extract_paths(text: str) -> list[str]:
+    """File paths in ``text``, verbatim, in order of first appearance, without URLs."""
+    found: dict[str, None] = {}
+    for match in _PATH.finditer(text):
+        candidate = match.group(0).rstrip(".")
+        start = match.start()
+        if text[max(start - 3, 0) : start].endswith("://") or "//" in candidate:
+            continue
+        if _EMAIL.search(candidate):
+            continue
+        if _looks_like_path(candidate):
+            found.setdefault(candidate, None)
+    return list(found)
+
+
+def _looks_like_path(candidate: str) -> bool:
+    name = candidate.rstrip("/").rsplit("/", 1)[-1]
+    if "/" in candidate.strip("/") or candidate.startswith(("/", "./", "../", "~/")):
+        return len(candidate.strip("/.~")) >= 2 and any(c.isalpha() for c in candidate)
+    return bool(_EXTENSION.search(name)) and not name[0].isdigit()
+
+
+def key_argument(arguments: str) -> str:
+    """The argument that identifies a call: a command, a path, a query, or the raw text."""
+    try:
+        value: Any = json.loads(arguments) if arguments else {}
+    except (ValueError, RecursionError):
+        return arguments
+    if isinstance(value, dict):
+        for key in (
+            "command",
+            "cmd",
+            "path",
+            "file_path",
+            "file",
+            "pattern",
+            "query",
+            "url",
+            "prompt",
+            "task",
+            "description",
+        ):
+            if isinstance(value.get(key), str):
+                return str(value[key])
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return arguments
+
+
+def argument_strings(arguments: str) -> list[str]:
+    """Every string inside a call's JSON arguments (the raw text if it is not JSON)."""
+    try:
+        value: Any = json.loads(arguments) if arguments else {}
+    except (ValueError, RecursionError):
+        return [arguments]
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return out
+
+
+def error_lines(output: str, *, limit: int = 3) -> list[str]:
+    """The first few error-looking lines of a tool result, verbatim (long lines cut)."""
+    lines = []
+    for line in output.splitlines():
+        if _ERROR_LINE.search(line):
+            text = line.strip()
+            if len(text) > MAX_ERROR_LINE_CHARS:
+                text = text[: MAX_ERROR_LINE_CHARS - 1] + "…"
+            if text and text not in lines:
+                lines.append(text)
+            if len(lines) >= limit:
+                break
+    return lines
+
+
+def _failed(output: str, errors: list[str]) -> bool:
+    code = _RETURN_CODE.search(output[:200])
+    if code is not None:
+        return code.group(1) != "0"
+    return bool(errors)
+
+
+def extract_facts(messages: list[Message]) -> Facts:
+    """Paths from tool-call arguments (and earlier summaries), and each call with its outcome."""
+    facts = Facts()
+    seen_paths: dict[str, None] = {}
+    results = {m.tool_call_id: m for m in messages if m.role == "tool"}
+    for index, m in enumerate(messages):
+        for call in m.tool_calls:
+            for text in argument_strings(call.arguments):
+                for path in extract_paths(text):
+                    seen_paths.setdefault(path, None)
+            result = results.get(call.id)
+            output = result.content if result is not None else ""
+            errors = error_lines(output)
+            facts.actions.append(
+                ToolAction(
+                    index=index,
+                    tool=call.name,
+                    call_id=call.id,
+                    key_argument=key_argument(call.arguments),
+                    failed=result is not None and _failed(output, errors),
+                    error_lines=errors,
+                )
+            )
+    facts.paths = list(seen_paths)
+    return facts

@@ -1,0 +1,389 @@
+"""Snapshot -> events: evaluate, select the range, summarize, persist, describe.
+
+The steps are plain functions; :func:`run_pipeline` strings them together for the CLI and the
+Celery tasks, which differ only in the adapters they pass in (summarizers, the transcript store,
+the clock). Nothing here reads the environment or talks to Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from worker import formats
+from worker.client import apply_compaction
+from worker.compaction import (
+    RangePlan,
+    ToolPolicies,
+    fit_carried,
+    plan_range,
+    resolve_tool_policies,
+)
+from worker.config import Settings
+from worker.errors import CompactorError, InvalidSnapshot, StorageError
+from worker.facts import extract_facts
+from worker.models import (
+    Compaction,
+    CompactionEvent,
+    EventError,
+    Message,
+    Summary,
+    Trigger,
+    canonical_json,
+    event_id_for,
+)
+from worker.projection import (
+    Projection,
+    ProjectionPolicy,
+    count_message_tokens,
+    count_request_tokens,
+    project,
+)
+from worker.snapshots import ParsedSnapshot
+from worker.summarize import Summarizer, SummaryRequest
+from worker.summarize.digest import DigestSummarizer
+from worker.tokens import Tokenizer, tokenizer_for
+from worker.transcripts import TranscriptStore
+
+log = logging.getLogger(__name__)
+
+SUMMARY_ID_PREFIX = "cws-"
+MUST_KEEP_LIMIT = 60
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    projection: Projection
+    projected_tokens: int
+    threshold: int | None
+    context_window: int | None
+    trigger_kind: str
+
+    @property
+    def over_threshold(self) -> bool:
+        return self.threshold is not None and self.projected_tokens > self.threshold
+
+    def trigger(self) -> Trigger:
+        return Trigger(
+            kind=self.trigger_kind,
+            threshold_tokens=self.threshold,
+            projected_tokens=self.projected_tokens,
+            context_window=self.context_window,
+        )
+
+
+@dataclass(frozen=True)
+class PreparedCompaction:
+    plan: RangePlan
+    policies: ToolPolicies
+    request: SummaryRequest
+    event_id: str
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """What the pipeline needs from the outside world."""
+
+    store: TranscriptStore
+    llm: Summarizer | None = None
+    digest: Summarizer = field(default_factory=DigestSummarizer)
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+def tokenizer_of(parsed: ParsedSnapshot) -> Tokenizer:
+    estimate = parsed.settings.compaction.token_counting == "estimate"
+    return tokenizer_for(parsed.snapshot.model.name or None, estimate=estimate)
+
+
+def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:
+    return ProjectionPolicy.from_config(
+        parsed.settings.compaction, model=parsed.snapshot.model.name or None
+    )
+
+
+def evaluate(parsed: ParsedSnapshot, tokenizer: Tokenizer) -> Evaluation:
+    """Project the history as the next request would see it, count it, resolve the threshold."""
+    config = parsed.settings.compaction
+    window = parsed.snapshot.model.context_window
+    projection = project(parsed.messages, projection_policy(parsed))
+    return Evaluation(
+        projection=projection,
+        projected_tokens=count_request_tokens(projection.messages, tokenizer),
+        threshold=config.auto_compact_threshold(window),
+        context_window=window,
+        trigger_kind=config.auto_compact_trigger,
+    )
+
+
+def prepare(
+    parsed: ParsedSnapshot, evaluation: Evaluation, tokenizer: Tokenizer
+) -> PreparedCompaction | None:
+    """Pick the range and what is carried; None when there is nothing to compact."""
+    config = parsed.settings.compaction
+    policies = resolve_tool_policies(parsed.settings.tools)
+
+    def count(m: Message) -> int:
+        return count_message_tokens(m, tokenizer)
+
+    plan = plan_range(parsed.messages, config, policies, count=count)
+    if plan is None or not (plan.to_summarize or plan.previous_summary):
+        return None
+    fit_carried(
+        plan,
+        _carry_budget(parsed, evaluation, plan, tokenizer),
+        count,
+        {m.id: i for i, m in enumerate(parsed.messages)},
+    )
+    event_id = event_id_for(
+        parsed.conversation_id, parsed.revision, "compaction.completed", plan.start, plan.end
+    )
+    request = SummaryRequest(
+        conversation_id=parsed.conversation_id,
+        revision=parsed.revision,
+        messages=plan.to_summarize,
+        previous_summary=plan.previous_summary,
+        must_keep=_must_keep(plan.to_summarize),
+        max_input_chars=config.summary_max_input_chars,
+        max_output_tokens=config.summary_max_output_tokens,
+        source_tokens=sum(count(m) for m in plan.to_summarize)
+        + (tokenizer.count(plan.previous_summary) if plan.previous_summary else 0),
+        model=parsed.snapshot.model.name or None,
+    )
+    return PreparedCompaction(plan=plan, policies=policies, request=request, event_id=event_id)
+
+
+def _carry_budget(
+    parsed: ParsedSnapshot, evaluation: Evaluation, plan: RangePlan, tokenizer: Tokenizer
+) -> int:
+    """Tokens the carried messages may use so that the result lands under the threshold."""
+    if evaluation.threshold is None:
+        return 1 << 62
+    kept = [
+        m
+        for m in evaluation.projection.messages
+        if m.source_index < plan.start or m.source_index >= plan.end
+    ]
+    summary_room = parsed.settings.compaction.summary_max_output_tokens + 16
+    return evaluation.threshold - count_request_tokens(kept, tokenizer) - summary_room
+
+
+def _must_keep(messages: list[Message]) -> list[str]:
+    facts = extract_facts(messages)
+    items = list(facts.paths)
+    for action in facts.failing:
+        items.extend(action.error_lines[:1])
+    return list(dict.fromkeys(items))[:MUST_KEEP_LIMIT]
+
+
+def summarize(prepared: PreparedCompaction, settings: Settings, adapters: Adapters) -> Summary:
+    """The summary per ``mode``; raises CompactorError when ``remote_only`` cannot get one."""
+    mode = settings.compaction.mode
+    if mode == "local_only" or (adapters.llm is None and mode == "prefer_remote"):
+        reason = None if mode == "local_only" else "no LLM configured"
+        summary = adapters.digest.summarize(prepared.request)
+        return summary.model_copy(update={"fallback_reason": reason}) if reason else summary
+    if adapters.llm is None:
+        raise CompactorError(
+            "remote_only mode needs an LLM; none is configured", code="llm_not_configured"
+        )
+    try:
+        return adapters.llm.summarize(prepared.request)
+    except CompactorError as exc:
+        if mode == "remote_only":
+            raise
+        fallback = adapters.digest.summarize(prepared.request)
+        return fallback.model_copy(update={"fallback_reason": f"{exc.code}: {exc.message}"})
+
+
+def build_compaction(
+    parsed: ParsedSnapshot,
+    prepared: PreparedCompaction,
+    summary: Summary,
+    evaluation: Evaluation,
+    tokenizer: Tokenizer,
+) -> Compaction:
+    """The event's compaction (without its transcript): replacement and exact tokens after."""
+    snap = parsed.snapshot
+    plan = prepared.plan
+    with_ids = any("id" in raw for raw in snap.messages)
+    replacement = formats.render(snap.format, plan.carried, with_ids=with_ids)
+    replacement.append(
+        formats.text_message(
+            snap.format,
+            "user",
+            summary.text,
+            msg_id=f"{SUMMARY_ID_PREFIX}{prepared.event_id[:16]}" if with_ids else None,
+        )
+    )
+    compaction = Compaction(
+        start=plan.start,
+        end=plan.end,
+        first_id=parsed.source_ids[plan.start],
+        last_id=parsed.source_ids[plan.end - 1],
+        replacement=replacement,
+        summary=summary,
+        tool_calls=prepared.policies.default,
+        tool_overrides=prepared.policies.overrides,
+        tokens_before=evaluation.projected_tokens,
+        tokens_after=0,
+        format=snap.format,
+        preserved_ids=[m.id for m in plan.carried],
+    )
+    after = tokens_of(
+        apply_compaction(snap.messages, compaction, system=snap.system), parsed, tokenizer
+    )
+    return compaction.model_copy(update={"tokens_after": after})
+
+
+def tokens_of(
+    raw_messages: list[dict[str, Any]], parsed: ParsedSnapshot, tokenizer: Tokenizer
+) -> int:
+    """Projected request tokens of a wire-format history, under the snapshot's settings."""
+    messages = formats.to_messages(
+        parsed.snapshot.format, raw_messages, system=parsed.snapshot.system
+    )
+    return count_request_tokens(project(messages, projection_policy(parsed)).messages, tokenizer)
+
+
+def transcript_payload(parsed: ParsedSnapshot, compaction: Compaction, event_id: str) -> bytes:
+    """The full pre-compaction history, deterministic so a redelivered write is identical."""
+    snap = parsed.snapshot
+    doc = {
+        "conversation_id": snap.conversation_id,
+        "revision": snap.revision,
+        "format": snap.format,
+        "model": snap.model.model_dump(),
+        "system": snap.system,
+        "messages": snap.messages,
+        "compacted": {
+            "event_id": event_id,
+            "start": compaction.start,
+            "end": compaction.end,
+            "first_id": compaction.first_id,
+            "last_id": compaction.last_id,
+        },
+    }
+    return canonical_json(doc).encode("utf-8")
+
+
+def _event(
+    parsed: ParsedSnapshot, kind: str, now: datetime, *id_parts: object, **fields: Any
+) -> CompactionEvent:
+    return CompactionEvent(
+        type=kind,
+        event_id=event_id_for(parsed.conversation_id, parsed.revision, kind, *id_parts),
+        conversation_id=parsed.conversation_id,
+        revision=parsed.revision,
+        created_at=now,
+        **fields,
+    )
+
+
+def rejected_event(
+    error: InvalidSnapshot, *, conversation_id: str, revision: int, now: datetime
+) -> CompactionEvent:
+    return CompactionEvent(
+        type="compaction.rejected",
+        event_id=event_id_for(
+            conversation_id, revision, "compaction.rejected", error.field, error.reason
+        ),
+        conversation_id=conversation_id,
+        revision=revision,
+        created_at=now,
+        reason=error.message,
+        error=EventError(code=error.code, message=error.reason, field=error.field or None),
+    )
+
+
+def run_pipeline(parsed: ParsedSnapshot, adapters: Adapters) -> list[CompactionEvent]:
+    """Everything after parsing, in process. Returns the events to publish, in order."""
+    tokenizer = tokenizer_of(parsed)
+    evaluation = evaluate(parsed, tokenizer)
+    events = []
+    if evaluation.projection.elided:
+        events.append(
+            _event(
+                parsed,
+                "tool_results.elided",
+                adapters.now(),
+                len(evaluation.projection.elided),
+                elided=evaluation.projection.elided,
+            )
+        )
+    events.append(compact_if_needed(parsed, evaluation, tokenizer, adapters))
+    return events
+
+
+def compact_if_needed(
+    parsed: ParsedSnapshot, evaluation: Evaluation, tokenizer: Tokenizer, adapters: Adapters
+) -> CompactionEvent:
+    trigger = evaluation.trigger()
+    if not evaluation.over_threshold:
+        reason = (
+            "auto-compaction is off"
+            if evaluation.threshold is None
+            else f"{evaluation.projected_tokens} tokens <= threshold {evaluation.threshold}"
+        )
+        return _event(
+            parsed, "compaction.skipped", adapters.now(), "below", trigger=trigger, reason=reason
+        )
+    prepared = prepare(parsed, evaluation, tokenizer)
+    if prepared is None:
+        return _event(
+            parsed,
+            "compaction.skipped",
+            adapters.now(),
+            "nothing",
+            trigger=trigger,
+            reason="over the threshold, but nothing outside the protected tail",
+        )
+    try:
+        summary = summarize(prepared, parsed.settings, adapters)
+        compaction = build_compaction(parsed, prepared, summary, evaluation, tokenizer)
+        ref = adapters.store.write(
+            parsed.conversation_id,
+            parsed.revision,
+            prepared.event_id,
+            transcript_payload(parsed, compaction, prepared.event_id),
+        )
+    except (StorageError, CompactorError) as exc:
+        return _event(
+            parsed,
+            "compaction.failed",
+            adapters.now(),
+            exc.code,
+            trigger=trigger,
+            reason=exc.message,
+            error=EventError(code=exc.code, message=exc.message),
+        )
+    _enforce_retention(adapters.store, parsed, Path(ref.uri))
+    return CompactionEvent(
+        type="compaction.completed",
+        event_id=prepared.event_id,
+        conversation_id=parsed.conversation_id,
+        revision=parsed.revision,
+        created_at=adapters.now(),
+        trigger=trigger,
+        compaction=compaction.model_copy(update={"transcript": ref}),
+    )
+
+
+def _enforce_retention(store: TranscriptStore, parsed: ParsedSnapshot, written: Path) -> None:
+    """Retention after a write. A failure here costs disk, not correctness: the scheduled
+    prune retries it, so the compaction still completes."""
+    try:
+        store.enforce_count(
+            parsed.conversation_id,
+            parsed.settings.compaction.max_persisted_transcripts,
+            protect=written,
+        )
+    except OSError:
+        log.warning(
+            "retention after write failed for %s; prune will retry",
+            parsed.conversation_id,
+            exc_info=True,
+        )
