@@ -31,6 +31,8 @@ def apply_compaction(
     so that messages the agent appended after the snapshot survive. Returns a new list."""
     compaction = _compaction_of(event)
     del system  # ids of wire messages do not depend on Anthropic's top-level system
+    if compaction.replacement and compaction.replacement[-1] in messages:
+        raise EventMismatch("this compaction is already applied (its summary is present)")
     ids = formats.source_ids(messages)
     try:
         start = ids.index(compaction.first_id)
