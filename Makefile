@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(VENV)/bin/compactor up --config examples/demo.toml --submit examples/*-session.json --until-done
 
 test: $(STAMP)
 	$(PY) -m pytest -q

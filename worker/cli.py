@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", parents=[common], help="apply transcript retention now")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(func=cmd_prune)
+
+    from worker.cli_service import add_commands
+
+    add_commands(sub, common)
     return parser
 
 

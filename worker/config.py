@@ -149,6 +149,9 @@ class RedisConfig(_Strict):
     stream_maxlen: int = Field(default=1000, ge=10)
     stream_ttl_s: int = Field(default=7 * 24 * 3600, ge=60)
     snapshot_ttl_s: int = Field(default=24 * 3600, ge=60)
+    # Unacknowledged tasks are redelivered after this; it must outlast the longest compaction.
+    visibility_timeout_s: int = Field(default=900, ge=5)
+    lock_lease_s: float = Field(default=30.0, ge=1.0)
 
 
 class TranscriptRetention(_Strict):
@@ -160,6 +163,18 @@ class TranscriptRetention(_Strict):
     _none_ok = field_validator("max_age_days", "max_total_bytes", mode="before")(_none_word)
 
 
+class WorkerConfig(_Strict):
+    """``[worker]``: task limits and schedules."""
+
+    evaluate_time_limit_s: float = Field(default=120.0, gt=0)
+    summarize_time_limit_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=8, ge=0)
+    prune_interval_s: float = Field(default=3600.0, gt=0)
+    reconcile_interval_s: float = Field(default=60.0, gt=0)
+    reconcile_after_s: float = Field(default=120.0, gt=0)  # pending this long -> re-queued
+    log_format: Literal["json", "text"] = "json"
+
+
 class Settings(_Strict):
     """Everything the service reads, resolved once and passed down."""
 
@@ -168,6 +183,7 @@ class Settings(_Strict):
     llm: LLMConfig = Field(default_factory=LLMConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     transcripts: TranscriptRetention = Field(default_factory=TranscriptRetention)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
     source: str = "defaults"
 
     def with_overrides(
@@ -214,6 +230,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "llm": LLMConfig,
     "redis": RedisConfig,
     "transcripts": TranscriptRetention,
+    "worker": WorkerConfig,
 }
 
 
@@ -323,3 +340,9 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
     )
     data["conversation"] = {"tools": data.pop("tools")}
     return data
+
+
+def with_redis_url(settings: Settings, url: str) -> Settings:
+    """These settings pointed at another Redis (an embedded one, say)."""
+    redis_cfg = settings.redis.model_copy(update={"url": SecretStr(url)})
+    return settings.model_copy(update={"redis": redis_cfg})

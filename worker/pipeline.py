@@ -24,7 +24,11 @@ from worker.compaction import (
     resolve_tool_policies,
 )
 from worker.config import Settings
-from worker.errors import CompactorError, InvalidSnapshot, StorageError
+from worker.errors import (
+    CompactorError,
+    InvalidSnapshot,
+    RedisUnavailable,
+)
 from worker.facts import extract_facts
 from worker.models import (
     Compaction,
@@ -92,6 +96,8 @@ class Adapters:
     llm: Summarizer | None = None
     digest: Summarizer = field(default_factory=DigestSummarizer)
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # True when this compaction's event is already out (a redelivered task): skip the work.
+    already_published: Callable[[str], bool] = lambda _event_id: False
 
 
 def tokenizer_of(parsed: ParsedSnapshot) -> Tokenizer:
@@ -303,34 +309,53 @@ def run_pipeline(parsed: ParsedSnapshot, adapters: Adapters) -> list[CompactionE
     """Everything after parsing, in process. Returns the events to publish, in order."""
     tokenizer = tokenizer_of(parsed)
     evaluation = evaluate(parsed, tokenizer)
-    events = []
-    if evaluation.projection.elided:
-        events.append(
-            _event(
-                parsed,
-                "tool_results.elided",
-                adapters.now(),
-                len(evaluation.projection.elided),
-                elided=evaluation.projection.elided,
-            )
-        )
-    events.append(compact_if_needed(parsed, evaluation, tokenizer, adapters))
-    return events
+    elided = elided_event(parsed, evaluation, adapters.now())
+    outcome = compact_if_needed(parsed, evaluation, tokenizer, adapters)
+    return [e for e in (elided, outcome) if e is not None]
+
+
+def elided_event(
+    parsed: ParsedSnapshot, evaluation: Evaluation, now: datetime
+) -> CompactionEvent | None:
+    """The ``tool_results.elided`` record of a projection that changed something."""
+    elided = evaluation.projection.elided
+    if not elided:
+        return None
+    return _event(parsed, "tool_results.elided", now, len(elided), elided=elided)
+
+
+def skipped_event(parsed: ParsedSnapshot, evaluation: Evaluation, now: datetime) -> CompactionEvent:
+    reason = (
+        "auto-compaction is off"
+        if evaluation.threshold is None
+        else f"{evaluation.projected_tokens} tokens <= threshold {evaluation.threshold}"
+    )
+    return _event(
+        parsed, "compaction.skipped", now, "below", trigger=evaluation.trigger(), reason=reason
+    )
+
+
+def failed_event(
+    parsed: ParsedSnapshot, error: CompactorError, now: datetime, trigger: Trigger | None = None
+) -> CompactionEvent:
+    return _event(
+        parsed,
+        "compaction.failed",
+        now,
+        error.code,
+        trigger=trigger,
+        reason=error.message,
+        error=EventError(code=error.code, message=error.message),
+    )
 
 
 def compact_if_needed(
     parsed: ParsedSnapshot, evaluation: Evaluation, tokenizer: Tokenizer, adapters: Adapters
-) -> CompactionEvent:
+) -> CompactionEvent | None:
+    """The outcome event, or None when this exact compaction was already published."""
     trigger = evaluation.trigger()
     if not evaluation.over_threshold:
-        reason = (
-            "auto-compaction is off"
-            if evaluation.threshold is None
-            else f"{evaluation.projected_tokens} tokens <= threshold {evaluation.threshold}"
-        )
-        return _event(
-            parsed, "compaction.skipped", adapters.now(), "below", trigger=trigger, reason=reason
-        )
+        return skipped_event(parsed, evaluation, adapters.now())
     prepared = prepare(parsed, evaluation, tokenizer)
     if prepared is None:
         return _event(
@@ -341,6 +366,8 @@ def compact_if_needed(
             trigger=trigger,
             reason="over the threshold, but nothing outside the protected tail",
         )
+    if adapters.already_published(prepared.event_id):
+        return None
     try:
         summary = summarize(prepared, parsed.settings, adapters)
         compaction = build_compaction(parsed, prepared, summary, evaluation, tokenizer)
@@ -350,16 +377,10 @@ def compact_if_needed(
             prepared.event_id,
             transcript_payload(parsed, compaction, prepared.event_id),
         )
-    except (StorageError, CompactorError) as exc:
-        return _event(
-            parsed,
-            "compaction.failed",
-            adapters.now(),
-            exc.code,
-            trigger=trigger,
-            reason=exc.message,
-            error=EventError(code=exc.code, message=exc.message),
-        )
+    except CompactorError as exc:
+        if isinstance(exc, RedisUnavailable):
+            raise  # the task retries; every other failure is reported in an event
+        return failed_event(parsed, exc, adapters.now(), trigger)
     _enforce_retention(adapters.store, parsed, Path(ref.uri))
     return CompactionEvent(
         type="compaction.completed",

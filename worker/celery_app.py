@@ -1,0 +1,110 @@
+"""The Celery app (``celery -A worker worker``): JSON only, late acks, bounded prefetch.
+
+Queues: ``compactor.evaluate`` (fast: parse, project, count, decide), ``compactor.summarize``
+(slow: LLM calls; run it on a threads pool so one process keeps many calls in flight) and
+``compactor.maintenance`` (prune, reconcile). Evaluations never wait behind summaries.
+
+Reliability settings, and why:
+- ``task_acks_late`` + ``task_reject_on_worker_lost``: a task is acknowledged after it ran; if
+  the worker dies mid-task the message is redelivered (every effect is idempotent).
+- ``visibility_timeout`` (``[redis] visibility_timeout_s``) outlasts the longest compaction
+  (``[worker] summarize_time_limit_s``), or a slow task would be delivered twice while running.
+- ``worker_prefetch_multiplier = 1``: a worker holds at most one extra message per slot, so a
+  crash strands little and a slow worker does not hoard work.
+- ``accept_content = ["json"]``: pickle (and every other serializer) is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import setup_logging
+
+from worker.config import Settings, load_settings, redis_url
+from worker.errors import ConfigError
+
+EVALUATE_QUEUE = "compactor.evaluate"
+SUMMARIZE_QUEUE = "compactor.summarize"
+MAINTENANCE_QUEUE = "compactor.maintenance"
+QUEUES = (EVALUATE_QUEUE, SUMMARIZE_QUEUE, MAINTENANCE_QUEUE)
+DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+
+
+def broker_url(settings: Settings) -> str:
+    return redis_url(settings) or DEFAULT_BROKER
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    w = settings.worker
+    if settings.redis.visibility_timeout_s <= w.summarize_time_limit_s:
+        raise ConfigError(
+            "redis.visibility_timeout_s",
+            "must be longer than worker.summarize_time_limit_s, or running "
+            "compactions are delivered twice",
+        )
+    url = broker_url(settings)
+    transport: dict[str, Any] = {"visibility_timeout": settings.redis.visibility_timeout_s}
+    config: dict[str, Any] = {
+        "broker_url": url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_hijack_root_logger": False,
+        "task_default_queue": EVALUATE_QUEUE,
+        "task_create_missing_queues": True,
+        "task_routes": {
+            "compactor.evaluate": {"queue": EVALUATE_QUEUE},
+            "compactor.summarize": {"queue": SUMMARIZE_QUEUE},
+            "compactor.prune": {"queue": MAINTENANCE_QUEUE},
+            "compactor.reconcile": {"queue": MAINTENANCE_QUEUE},
+        },
+        "beat_schedule": {
+            "prune-transcripts": {"task": "compactor.prune", "schedule": w.prune_interval_s},
+            "reconcile-pending": {
+                "task": "compactor.reconcile",
+                "schedule": w.reconcile_interval_s,
+            },
+        },
+        "worker_send_task_events": True,
+        "task_send_sent_event": False,
+    }
+    if url.startswith("rediss://"):
+        # TLS: certificate checks on by default; ?ssl_cert_reqs=... in the URL may relax them.
+        import ssl
+
+        config["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return config
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    resolved = settings or load_settings(os.environ.get("COMPACTOR_CONFIG") or None)
+    app = Celery("worker", set_as_current=False)
+    app.conf.update(celery_config(resolved))
+    app.conf.compactor_settings = resolved
+    return app
+
+
+@setup_logging.connect
+def _logging(loglevel: str | int | None = None, **_: Any) -> None:
+    """Our JSON logs instead of Celery's format (connecting this makes Celery leave logging
+    to us)."""
+    from worker.logs import configure_logging
+
+    configure_logging(loglevel or "INFO", fmt=app.conf.compactor_settings.worker.log_format)
+
+
+app = make_app()
+app.autodiscover_tasks(["worker"], related_name="tasks", force=True)

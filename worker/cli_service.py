@@ -1,0 +1,367 @@
+"""The ``compactor`` commands that talk to Redis and Celery: submit, events, worker, beat, up,
+status, metrics. Kept apart from :mod:`worker.cli` so the offline commands never import Celery."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from worker.config import Settings, load_settings, mask_url, with_redis_url
+
+OUTCOMES = {
+    "compaction.completed",
+    "compaction.skipped",
+    "compaction.failed",
+    "compaction.rejected",
+}
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(args.config)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from worker.client import Client
+
+    client = Client(_settings(args))
+    try:
+        for path in args.snapshots:
+            data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+            result = client.submit(data)
+            print(
+                json.dumps({"snapshot": path, "status": result.status, "revision": result.revision})
+            )
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from worker.client import Client
+
+    client = Client(_settings(args))
+    try:
+        for entry_id, event in client.events(
+            args.conversation_id, after=args.after, follow=args.follow
+        ):
+            line = json.loads(event.to_json())
+            line["stream_id"] = entry_id
+            print(json.dumps(line, ensure_ascii=False), flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+    return 0
+
+
+def celery_command(
+    role: str,
+    settings_path: str | None,
+    *,
+    queues: str | None = None,
+    pool: str | None = None,
+    concurrency: int | None = None,
+    name: str | None = None,
+    workdir: Path | None = None,
+) -> list[str]:
+    cmd = [sys.executable, "-m", "celery", "-A", "worker", role, "--loglevel", "INFO"]
+    if role == "worker":
+        cmd += ["-Q", queues or "compactor.evaluate,compactor.summarize,compactor.maintenance"]
+        cmd += ["--pool", pool or "prefork"]
+        if concurrency:
+            cmd += ["--concurrency", str(concurrency)]
+        cmd += ["-n", name or "compactor@%h", "--without-mingle", "--without-gossip"]
+    else:
+        schedule = (workdir or Path(tempfile.gettempdir())) / "compactor-beat-schedule"
+        cmd += ["--schedule", str(schedule)]
+    del settings_path
+    return cmd
+
+
+def _child_env(settings_path: str | None, url: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if settings_path:
+        env["COMPACTOR_CONFIG"] = str(Path(settings_path).resolve())
+    if url:
+        env["COMPACTOR_REDIS_URL"] = url
+    return env
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    _settings(args)  # fail early, with a clear message, on a bad configuration
+    cmd = celery_command(
+        "worker",
+        args.config,
+        queues=args.queues,
+        pool=args.pool,
+        concurrency=args.concurrency,
+        name=args.name,
+    )
+    os.execve(sys.executable, cmd, _child_env(args.config, None))
+    return 0  # pragma: no cover - exec does not return
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    _settings(args)
+    os.execve(sys.executable, celery_command("beat", args.config), _child_env(args.config, None))
+    return 0  # pragma: no cover
+
+
+@contextmanager
+def running_services(
+    settings: Settings, config: str | None, *, workdir: Path, summarize_concurrency: int = 32
+) -> Iterator[str]:
+    """Redis (embedded when no URL is configured), an evaluate worker, a summarize worker and
+    the scheduler, until the block ends. Yields the Redis URL."""
+    from worker.config import redis_url
+    from worker.embedded import EmbeddedRedis
+
+    embedded = None
+    url = redis_url(settings)
+    if url is None:
+        embedded = EmbeddedRedis(directory=workdir / "redis", appendonly=True)
+        (workdir / "redis").mkdir(parents=True, exist_ok=True)
+        url = embedded.start()
+    env = _child_env(config, url)
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    specs = [
+        (
+            "evaluate",
+            celery_command(
+                "worker",
+                config,
+                queues="compactor.evaluate,compactor.maintenance",
+                pool="prefork",
+                concurrency=2,
+                name="evaluate@%h",
+            ),
+        ),
+        (
+            "summarize",
+            celery_command(
+                "worker",
+                config,
+                queues="compactor.summarize",
+                pool="threads",
+                concurrency=summarize_concurrency,
+                name="summarize@%h",
+            ),
+        ),
+        ("beat", celery_command("beat", config, workdir=workdir)),
+    ]
+    children = []
+    try:
+        for role, cmd in specs:
+            out = (logs / f"{role}.log").open("ab")
+            children.append(
+                subprocess.Popen(
+                    cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+            )
+        yield url
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        if embedded is not None:
+            embedded.stop()
+
+
+def wait_for_workers(url: str, settings: Settings, expected: int, timeout_s: float) -> bool:
+    from worker.celery_app import make_app
+
+    app = make_app(with_redis_url(settings, url))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            replies = app.control.ping(timeout=1.0) or []
+            if len(replies) >= expected:
+                return True
+        return False
+    finally:
+        app.close()
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="compactor-up-"))
+    with running_services(settings, args.config, workdir=workdir) as url:
+        print(json.dumps({"redis": mask_url(url), "logs": str(workdir / "logs")}), flush=True)
+        if not wait_for_workers(url, settings, expected=2, timeout_s=60):
+            print(json.dumps({"error": "workers did not start; see the logs"}), file=sys.stderr)
+            return 1
+        print(json.dumps({"status": "workers ready"}), flush=True)
+        if args.submit:
+            code = _submit_and_follow(settings, url, args.submit, timeout_s=args.timeout)
+            if args.until_done:
+                return code
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+    return 0
+
+
+def _submit_and_follow(settings: Settings, url: str, paths: list[str], *, timeout_s: float) -> int:
+    from worker.client import Client
+
+    client = Client(with_redis_url(settings, url))
+    try:
+        pending: dict[str, str] = {}
+        for path in paths:
+            data = Path(path).read_bytes()
+            conversation_id = json.loads(data)["conversation_id"]
+            result = client.submit(data)
+            print(
+                json.dumps(
+                    {"submitted": path, "conversation_id": conversation_id, "status": result.status}
+                ),
+                flush=True,
+            )
+            pending[conversation_id] = "0"
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            for conversation_id in list(pending):
+                for entry_id, event in client.events(
+                    conversation_id, after=pending[conversation_id]
+                ):
+                    pending[conversation_id] = entry_id
+                    _print_event(event)
+                    if event.type in OUTCOMES:
+                        pending.pop(conversation_id, None)
+            time.sleep(0.2)
+        if pending:
+            print(
+                json.dumps({"error": "no outcome in time", "conversations": sorted(pending)}),
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    finally:
+        client.close()
+
+
+def _print_event(event: Any) -> None:
+    doc = json.loads(event.to_json())
+    c = doc.get("compaction")
+    if c:  # the replacement is long; show its shape and the summary's head
+        c["replacement"] = f"<{len(c['replacement'])} messages>"
+        c["summary"]["text"] = c["summary"]["text"][:400] + "…"
+    print(json.dumps(doc, ensure_ascii=False, indent=1), flush=True)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from worker.celery_app import QUEUES, broker_url, make_app
+    from worker.redis_state import RedisState, connect
+
+    settings = _settings(args)
+    state = RedisState(connect(broker_url(settings)), settings.redis)
+    app = make_app(settings)
+    try:
+        queues = {q: _queue_length(state, q) for q in QUEUES}
+        workers = app.control.ping(timeout=1.0) or []
+        doc = {
+            "redis": mask_url(broker_url(settings)),
+            "queues": queues,
+            "workers": sorted(name for reply in workers for name in reply),
+            "counters": state.counters(),
+            "recent_events": [
+                {k: e.get(k) for k in ("type", "conversation_id", "revision", "created_at")}
+                for e in state.recent_events(args.recent)
+            ],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0 if workers else 1
+    finally:
+        app.close()
+        state.client.close()
+
+
+def _queue_length(state: Any, queue: str) -> int:
+    """Kombu's Redis transport keeps a queue as a list per priority step."""
+    total = 0
+    for key in state.client.scan_iter(match=f"{queue}*", count=100):
+        if state.client.type(key) == b"list":
+            total += state.client.llen(key)
+    return total
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from worker.celery_app import QUEUES, broker_url
+    from worker.metrics import render_prometheus, serve
+    from worker.redis_state import RedisState, connect
+
+    settings = _settings(args)
+    state = RedisState(connect(broker_url(settings)), settings.redis)
+
+    def render() -> str:
+        return render_prometheus(state.counters(), {q: _queue_length(state, q) for q in QUEUES})
+
+    if args.serve is None:
+        sys.stdout.write(render())
+        return 0
+    serve(render, port=args.serve)
+    return 0
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("submit", parents=[common], help="enqueue snapshots and return at once")
+    p.add_argument("snapshots", nargs="+", help="snapshot JSON files (- for stdin)")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("events", parents=[common], help="a conversation's events as JSON lines")
+    p.add_argument("conversation_id")
+    p.add_argument("--after", default="0", help="resume after this stream id")
+    p.add_argument("--follow", action="store_true", help="wait for new events")
+    p.set_defaults(func=cmd_events)
+
+    p = sub.add_parser("worker", parents=[common], help="run a worker (celery -A worker worker)")
+    p.add_argument("--queues", help="comma-separated (default: all three)")
+    p.add_argument("--pool", choices=["prefork", "threads", "solo"])
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--name", help="node name (default compactor@%%h)")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("beat", parents=[common], help="run the scheduler (prune, reconcile)")
+    p.set_defaults(func=cmd_beat)
+
+    p = sub.add_parser(
+        "up",
+        parents=[common],
+        help="Redis (embedded if none configured), workers and the scheduler on this machine",
+    )
+    p.add_argument("--submit", nargs="*", help="snapshot files to submit once ready")
+    p.add_argument(
+        "--until-done",
+        action="store_true",
+        help="exit when every submitted snapshot has its outcome",
+    )
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--workdir", help="where the embedded Redis and the logs live")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("status", parents=[common], help="queues, workers, counters, events")
+    p.add_argument("--recent", type=int, default=10)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("metrics", parents=[common], help="Prometheus metrics (print or serve)")
+    p.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics on 127.0.0.1:PORT")
+    p.set_defaults(func=cmd_metrics)

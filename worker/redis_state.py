@@ -1,0 +1,340 @@
+"""The Redis adapter: claim-checked snapshots, coalescing, the single-flight lock, events.
+
+Every redis-py exception is converted here, once, into :class:`TransientError` (Redis may come
+back) so task retries key on our own error tree. The multi-step updates that must be atomic are
+Lua scripts: a submission records its payload and the conversation's newest revision together;
+publishing checks the fencing token, de-duplicates by event id and appends to the stream in one
+step, so a worker that lost its lease can never publish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from worker import keys
+from worker.config import RedisConfig
+from worker.errors import LeaseLost, RedisUnavailable, TransientError
+from worker.models import CompactionEvent
+
+RECENT_MAXLEN = 1000
+LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
+
+
+@contextlib.contextmanager
+def redis_errors(action: str) -> Iterator[None]:
+    """Convert redis-py errors into TransientError (the one place they are converted)."""
+    try:
+        yield
+    except redis.exceptions.NoScriptError:
+        raise
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.BusyLoadingError,
+        redis.exceptions.ReadOnlyError,
+    ) as exc:
+        raise RedisUnavailable(f"redis unavailable while {action}: {type(exc).__name__}") from None
+    except redis.exceptions.RedisError as exc:
+        raise RedisUnavailable(f"redis error while {action}: {exc}", code="redis_error") from None
+
+
+def connect(url: str, *, socket_timeout_s: float = 10.0) -> redis.Redis:
+    """A client that retries a few times with backoff on connection errors (Redis restarts)."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=5.0,
+        health_check_interval=15,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=5),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    )
+
+
+_SUBMIT = """
+local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local handled = tonumber(redis.call('GET', KEYS[5]) or '-1')
+local rev = tonumber(ARGV[2])
+if rev < latest or rev <= handled then return {'superseded', math.max(latest, handled)} end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('SET', KEYS[2], rev, 'EX', ARGV[3])
+redis.call('ZADD', KEYS[4], 'NX', ARGV[4], ARGV[5])
+if redis.call('SET', KEYS[3], rev, 'NX', 'EX', ARGV[3]) then return {'queued', rev} end
+return {'coalesced', rev}
+"""
+
+_PUBLISH = """
+if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return 'lease_lost' end
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[3]) then return 'duplicate' end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[1])
+redis.call('PUBLISH', KEYS[4], ARGV[1])
+if ARGV[6] ~= '' then
+  local handled = tonumber(redis.call('GET', KEYS[6]) or '-1')
+  if tonumber(ARGV[6]) > handled then redis.call('SET', KEYS[6], ARGV[6], 'EX', ARGV[3]) end
+  local latest = tonumber(redis.call('GET', KEYS[8]) or '-1')
+  if tonumber(ARGV[6]) >= latest then redis.call('ZREM', KEYS[9], ARGV[9]) end
+end
+if ARGV[7] == '1' then
+  redis.call('LPUSH', KEYS[7], ARGV[1])
+  redis.call('LTRIM', KEYS[7], 0, ARGV[10] - 1)
+  redis.call('EXPIRE', KEYS[7], ARGV[3])
+end
+return 'published'
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+SubmitStatus = Literal["queued", "coalesced", "superseded"]
+PublishStatus = Literal["published", "duplicate"]
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    status: SubmitStatus
+    revision: int  # the conversation's newest revision now known
+
+
+class RedisState:
+    """The service's state in Redis. Thread-safe (redis-py pools connections)."""
+
+    def __init__(self, client: redis.Redis, config: RedisConfig) -> None:
+        self.client: Any = client  # redis-py's reply types are too loose to type usefully
+        self.config = config
+        self._submit = client.register_script(_SUBMIT)
+        self._publish = client.register_script(_PUBLISH)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def store_snapshot(self, conversation_id: str, revision: int, payload: bytes) -> SubmitResult:
+        """Claim check: the payload stays in Redis; the broker message carries only ids."""
+        ttl = self.config.snapshot_ttl_s
+        packed = zlib.compress(payload, 1)
+        with redis_errors("storing a snapshot"):
+            status, rev = self._submit(
+                keys=[
+                    keys.snapshot(conversation_id, revision),
+                    keys.latest(conversation_id),
+                    keys.queued(conversation_id),
+                    keys.PENDING,
+                    keys.handled(conversation_id),
+                ],
+                args=[packed, revision, ttl, time.time(), conversation_id],
+            )
+        return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
+
+    def take_latest(self, conversation_id: str) -> tuple[int | None, int]:
+        """(newest submitted revision, newest handled revision), clearing the queued flag first
+        so that any later submission enqueues a fresh evaluation."""
+        with redis_errors("reading the latest revision"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(keys.queued(conversation_id))
+            pipe.get(keys.latest(conversation_id))
+            pipe.get(keys.handled(conversation_id))
+            _, latest, handled = pipe.execute()
+        return (
+            int(latest) if latest is not None else None,
+            int(handled) if handled is not None else -1,
+        )
+
+    def load_snapshot(self, conversation_id: str, revision: int) -> bytes | None:
+        with redis_errors("loading a snapshot"):
+            packed = self.client.get(keys.snapshot(conversation_id, revision))
+        return zlib.decompress(packed) if packed is not None else None
+
+    def handled_revision(self, conversation_id: str) -> int:
+        with redis_errors("reading the handled revision"):
+            value = self.client.get(keys.handled(conversation_id))
+        return int(value) if value is not None else -1
+
+    def last_compactions(self, conversation_id: str) -> list[CompactionEvent]:
+        """Recent completed compactions, oldest first."""
+        with redis_errors("reading recent compactions"):
+            raw = self.client.lrange(keys.last_compaction(conversation_id), 0, -1)
+        return [CompactionEvent.model_validate_json(r) for r in reversed(raw)]
+
+    # --- single flight -----------------------------------------------------------------------
+
+    def acquire_lock(self, conversation_id: str, lease_s: float) -> str | None:
+        """A fencing token when this worker now holds the conversation, else None."""
+        with redis_errors("taking the conversation lock"):
+            if self.client.exists(keys.lock(conversation_id)):
+                return None
+            token = str(self.client.incr(keys.fence(conversation_id)))
+            self.client.expire(keys.fence(conversation_id), self.config.stream_ttl_s)
+            ok = self.client.set(keys.lock(conversation_id), token, nx=True, px=int(lease_s * 1000))
+        return token if ok else None
+
+    def renew_lock(self, conversation_id: str, token: str, lease_s: float) -> bool:
+        with redis_errors("renewing the conversation lock"):
+            return bool(
+                self._renew(keys=[keys.lock(conversation_id)], args=[token, int(lease_s * 1000)])
+            )
+
+    def release_lock(self, conversation_id: str, token: str) -> None:
+        with redis_errors("releasing the conversation lock"):
+            self._release(keys=[keys.lock(conversation_id)], args=[token])
+
+    def is_locked(self, conversation_id: str) -> bool:
+        with redis_errors("checking the conversation lock"):
+            return bool(self.client.exists(keys.lock(conversation_id)))
+
+    def request_rerun(self, conversation_id: str) -> None:
+        with redis_errors("flagging a re-evaluation"):
+            self.client.set(keys.rerun(conversation_id), 1, ex=self.config.snapshot_ttl_s)
+
+    def take_rerun(self, conversation_id: str) -> bool:
+        with redis_errors("reading the re-evaluation flag"):
+            return self.client.getdel(keys.rerun(conversation_id)) is not None
+
+    @contextlib.contextmanager
+    def lease(self, conversation_id: str, token: str, lease_s: float) -> Iterator[threading.Event]:
+        """Keep the lock alive while the body runs; the yielded event is set if it was lost."""
+        lost = threading.Event()
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(lease_s / 3):
+                try:
+                    if not self.renew_lock(conversation_id, token, lease_s):
+                        lost.set()
+                        return
+                except TransientError:
+                    continue  # Redis blinked; the publish check is the final word
+
+        thread = threading.Thread(target=renew, name=f"lease-{conversation_id}", daemon=True)
+        thread.start()
+        try:
+            yield lost
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        event: CompactionEvent,
+        *,
+        fencing_token: str | None = None,
+        handled_revision: int | None = None,
+    ) -> PublishStatus:
+        """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
+        and record the handled revision. Raises LeaseLost if the fencing token is stale."""
+        conv = event.conversation_id
+        is_completed = event.type == "compaction.completed"
+        with redis_errors("publishing an event"):
+            status = _text(
+                self._publish(
+                    keys=[
+                        keys.events(conv),
+                        keys.published(event.event_id),
+                        keys.lock(conv),
+                        keys.announce(conv),
+                        keys.RECENT,
+                        keys.handled(conv),
+                        keys.last_compaction(conv),
+                        keys.latest(conv),
+                        keys.PENDING,
+                    ],
+                    args=[
+                        event.to_json(),
+                        "",
+                        self.config.stream_ttl_s,
+                        self.config.stream_maxlen,
+                        fencing_token or "",
+                        "" if handled_revision is None else handled_revision,
+                        "1" if is_completed else "0",
+                        RECENT_MAXLEN,
+                        conv,
+                        LAST_COMPACTIONS,
+                    ],
+                )
+            )
+        if status == "lease_lost":
+            raise LeaseLost(f"lost the lock on {conv} before publishing; not published")
+        return status  # type: ignore[return-value]
+
+    def is_published(self, event_id: str) -> bool:
+        with redis_errors("checking an event"):
+            return bool(self.client.exists(keys.published(event_id)))
+
+    def read_events(
+        self,
+        conversation_id: str,
+        *,
+        after: str = "0",
+        block_ms: int | None = None,
+        count: int = 100,
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Events after stream id ``after`` (``"0"`` for all), oldest first."""
+        with redis_errors("reading events"):
+            reply = self.client.xread(
+                {keys.events(conversation_id): after}, count=count, block=block_ms
+            )
+        out = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                out.append((_text(entry_id), json.loads(fields[b"event"])))
+        return out
+
+    def recent_events(self, count: int = 20) -> list[dict[str, Any]]:
+        with redis_errors("reading recent events"):
+            entries = self.client.xrevrange(keys.RECENT, count=count)
+        return [json.loads(fields[b"event"]) for _id, fields in entries]
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    def stale_pending(self, older_than_s: float, limit: int = 500) -> list[str]:
+        """Conversations submitted more than ``older_than_s`` ago whose newest revision has no
+        outcome yet."""
+        with redis_errors("reading pending conversations"):
+            members = self.client.zrangebyscore(
+                keys.PENDING, 0, time.time() - older_than_s, start=0, num=limit
+            )
+        return [_text(m) for m in members]
+
+    def forget_pending(self, conversation_id: str) -> None:
+        with redis_errors("updating pending conversations"):
+            self.client.zrem(keys.PENDING, conversation_id)
+
+    def touch_pending(self, conversation_id: str) -> None:
+        with redis_errors("updating pending conversations"):
+            self.client.zadd(keys.PENDING, {conversation_id: time.time()}, xx=True)
+
+    def incr(self, counter: str, amount: float = 1) -> None:
+        """Best effort: a metric must never fail the work it measures."""
+        with contextlib.suppress(TransientError), redis_errors("counting"):
+            self.client.hincrbyfloat(keys.METRICS, counter, amount)
+
+    def counters(self) -> dict[str, float]:
+        with redis_errors("reading metrics"):
+            raw = self.client.hgetall(keys.METRICS)
+        return {_text(k): float(v) for k, v in raw.items()}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

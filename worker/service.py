@@ -1,0 +1,254 @@
+"""The distributed flow, over the pure pipeline and the Redis adapter.
+
+``evaluate`` runs for a conversation's newest submitted revision (submissions coalesce: one
+queued evaluation per conversation at a time). Under the threshold it publishes
+``compaction.skipped``; over it, it hands the conversation to ``summarize`` on the slow queue,
+unless a compaction of that conversation is already running, in which case it flags a re-run.
+
+``summarize`` holds the conversation's lock (a lease with a fencing token, renewed while it
+works) so at most one compaction per conversation runs across all workers. It re-evaluates the
+newest revision with the compactions published so far applied (the agent may not have applied
+them yet), summarizes, writes the transcript, and publishes; the publish is refused if the lease
+was lost. On release, a flagged re-run queues a fresh evaluation, which then sees the compacted
+history.
+
+Every effect is safe to repeat (redelivery is the broker's promise): transcripts are
+create-only with deterministic names, events carry deterministic ids and are published once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from worker import formats
+from worker.client import EventMismatch, apply_compaction
+from worker.config import Settings
+from worker.errors import InvalidSnapshot, LeaseLost
+from worker.models import CompactionEvent
+from worker.pipeline import (
+    Adapters,
+    compact_if_needed,
+    elided_event,
+    evaluate,
+    rejected_event,
+    skipped_event,
+    tokenizer_of,
+)
+from worker.redis_state import RedisState
+from worker.snapshots import ParsedSnapshot, parse_snapshot
+from worker.summarize import Summarizer
+from worker.transcripts import TranscriptStore
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal[
+    "expired",
+    "superseded",
+    "rejected",
+    "skipped",
+    "queued",
+    "deferred",
+    "completed",
+    "failed",
+    "duplicate",
+    "lease_lost",
+]
+
+
+@dataclass
+class Service:
+    settings: Settings
+    state: RedisState
+    store: TranscriptStore
+    llm: Summarizer | None
+    enqueue_summarize: Callable[[str, int], None]
+    enqueue_evaluate: Callable[[str], None]
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+    # --- evaluate ----------------------------------------------------------------------------
+
+    def evaluate(self, conversation_id: str, *, submitted_at: float | None = None) -> Outcome:
+        if submitted_at is not None:
+            self.state.incr("queue_lag_seconds_total", max(time.time() - submitted_at, 0.0))
+            self.state.incr("queue_lag_samples_total")
+        latest, handled = self.state.take_latest(conversation_id)
+        if latest is None:
+            return "expired"
+        if latest <= handled:
+            return "superseded"
+        parsed = self._load(conversation_id, latest)
+        if isinstance(parsed, str):
+            return parsed  # type: ignore[return-value]
+        self.state.incr("snapshots_evaluated_total")
+        tokenizer = tokenizer_of(parsed)
+        evaluation = evaluate(parsed, tokenizer)
+        elided = elided_event(parsed, evaluation, self.now())
+        if elided is not None:
+            self.state.publish(elided)
+        if not evaluation.over_threshold:
+            self.state.publish(
+                skipped_event(parsed, evaluation, self.now()), handled_revision=latest
+            )
+            self.state.incr("compactions_skipped_total")
+            return "skipped"
+        if self._defer_if_locked(conversation_id):
+            return "deferred"
+        self.enqueue_summarize(conversation_id, latest)
+        return "queued"
+
+    def _defer_if_locked(self, conversation_id: str) -> bool:
+        """Flag a re-run for the running compaction; if it finished meanwhile, take it back."""
+        if not self.state.is_locked(conversation_id):
+            return False
+        self.state.request_rerun(conversation_id)
+        if self.state.is_locked(conversation_id):
+            return True
+        return not self.state.take_rerun(conversation_id)
+
+    def _load(self, conversation_id: str, revision: int) -> ParsedSnapshot | str:
+        """The snapshot with published compactions applied, or an outcome when there is none."""
+        payload = self.state.load_snapshot(conversation_id, revision)
+        if payload is None:
+            return "expired"
+        try:
+            parsed = parse_snapshot(payload, self.settings)
+        except InvalidSnapshot as exc:
+            self.state.publish(
+                rejected_event(
+                    exc, conversation_id=conversation_id, revision=revision, now=self.now()
+                ),
+                handled_revision=revision,
+            )
+            self.state.incr("snapshots_rejected_total")
+            return "rejected"
+        return self._with_published_compactions(parsed)
+
+    def _with_published_compactions(self, parsed: ParsedSnapshot) -> ParsedSnapshot:
+        """Apply, in order, the compactions already published for earlier revisions that this
+        snapshot does not contain yet, so it is evaluated against the compacted history."""
+        messages = parsed.snapshot.messages
+        changed = False
+        for event in self.state.last_compactions(parsed.conversation_id):
+            if event.revision > parsed.revision:
+                continue
+            try:
+                messages = apply_compaction(messages, event)
+                changed = True
+            except EventMismatch:
+                continue  # already applied by the agent, or another branch of history
+        if not changed:
+            return parsed
+        raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
+        formats.source_ids(messages)  # fail early on a clash of ids
+        return parse_snapshot(raw, self.settings)
+
+    # --- summarize ---------------------------------------------------------------------------
+
+    def summarize(self, conversation_id: str, revision: int) -> Outcome:
+        if self.state.handled_revision(conversation_id) >= revision:
+            return "superseded"
+        lease_s = self.settings.redis.lock_lease_s
+        token = self.state.acquire_lock(conversation_id, lease_s)
+        if token is None:
+            return (
+                "deferred"
+                if self._defer_if_locked(conversation_id)
+                else self._retry_later(conversation_id)
+            )
+        try:
+            with self.state.lease(conversation_id, token, lease_s) as lost:
+                return self._compact_locked(conversation_id, token, lost.is_set)
+        except LeaseLost:
+            log.warning("lease lost on %s; not publishing", conversation_id)
+            self.state.incr("leases_lost_total")
+            return "lease_lost"
+        finally:
+            self.state.release_lock(conversation_id, token)
+            if self.state.take_rerun(conversation_id):
+                self.enqueue_evaluate(conversation_id)
+
+    def _retry_later(self, conversation_id: str) -> Outcome:
+        self.enqueue_evaluate(conversation_id)
+        return "deferred"
+
+    def _compact_locked(
+        self, conversation_id: str, token: str, lease_lost: Callable[[], bool]
+    ) -> Outcome:
+        latest, handled = self.state.take_latest(conversation_id)
+        if latest is None:
+            return "expired"
+        if latest <= handled:
+            return "superseded"
+        parsed = self._load(conversation_id, latest)
+        if isinstance(parsed, str):
+            return parsed  # type: ignore[return-value]
+        tokenizer = tokenizer_of(parsed)
+        evaluation = evaluate(parsed, tokenizer)
+        if not evaluation.over_threshold:  # an earlier compaction already brought it under
+            self.state.publish(
+                skipped_event(parsed, evaluation, self.now()),
+                fencing_token=token,
+                handled_revision=latest,
+            )
+            return "skipped"
+        started = time.monotonic()
+        event = compact_if_needed(parsed, evaluation, tokenizer, self._adapters())
+        if event is None:
+            return "duplicate"  # redelivered after it was published: no second LLM call
+        self._count(event, time.monotonic() - started)
+        if lease_lost():
+            raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
+        handled_revision = latest if event.type != "compaction.failed" else None
+        status = self.state.publish(event, fencing_token=token, handled_revision=handled_revision)
+        if status == "duplicate":
+            return "duplicate"
+        return (
+            "completed"
+            if event.type == "compaction.completed"
+            else ("failed" if event.type == "compaction.failed" else "skipped")
+        )
+
+    def _adapters(self) -> Adapters:
+        return Adapters(
+            store=self.store, llm=self.llm, now=self.now, already_published=self.state.is_published
+        )
+
+    def _count(self, event: CompactionEvent, seconds: float) -> None:
+        self.state.incr(f"compactions_{event.type.split('.')[1]}_total")
+        if event.compaction is not None:
+            c = event.compaction
+            self.state.incr("tokens_before_total", c.tokens_before)
+            self.state.incr("tokens_after_total", c.tokens_after)
+            if c.summary.source == "llm":
+                self.state.incr("llm_summaries_total")
+                self.state.incr("llm_seconds_total", seconds)
+            if c.summary.fallback_reason:
+                self.state.incr("llm_fallbacks_total")
+        if event.error is not None and event.error.code.startswith("llm"):
+            self.state.incr("llm_failures_total")
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    def reconcile(self) -> list[str]:
+        """Queue again conversations whose newest snapshot has waited too long for an outcome
+        (a lost broker message, a worker that died before acknowledging, a crashed re-run)."""
+        stale = self.state.stale_pending(self.settings.worker.reconcile_after_s)
+        for conversation_id in stale:
+            self.state.touch_pending(conversation_id)
+            self.enqueue_evaluate(conversation_id)
+        return stale
+
+    def prune(self, *, dry_run: bool = False) -> list[str]:
+        retention = self.settings.transcripts
+        removed = self.store.prune(
+            keep_per_conversation=self.settings.compaction.max_persisted_transcripts,
+            max_age_s=retention.max_age_days * 86400 if retention.max_age_days else None,
+            max_total_bytes=retention.max_total_bytes,
+            dry_run=dry_run,
+        )
+        return [str(p) for p in removed]

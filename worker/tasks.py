@@ -1,0 +1,116 @@
+"""Thin Celery tasks over :class:`worker.service.Service`: parse the arguments, call, map
+errors to retries (Redis unavailable) or final outcomes (everything else is an event)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from celery import Task
+from celery.signals import worker_process_shutdown
+
+from worker.celery_app import EVALUATE_QUEUE, SUMMARIZE_QUEUE, app
+from worker.config import Settings
+from worker.errors import RedisUnavailable
+from worker.redis_state import RedisState, connect
+from worker.service import Service
+from worker.transcripts import TranscriptStore
+
+log = logging.getLogger(__name__)
+_services: dict[int, Service] = {}
+_lock = threading.Lock()
+
+
+def service() -> Service:
+    """One Service per process (created after fork: sockets and threads do not survive it)."""
+    pid = os.getpid()
+    svc = _services.get(pid)
+    if svc is None:
+        with _lock:
+            svc = _services.get(pid)
+            if svc is None:
+                svc = _services[pid] = _build(app.conf.compactor_settings)
+    return svc
+
+
+def _build(settings: Settings) -> Service:
+    from worker.celery_app import broker_url
+    from worker.summarize_factory import llm_summarizer
+
+    state = RedisState(connect(broker_url(settings)), settings.redis)
+    return Service(
+        settings=settings,
+        state=state,
+        store=TranscriptStore(settings.compaction.transcript_dir),
+        llm=llm_summarizer(settings),
+        enqueue_summarize=lambda conv, rev: summarize.apply_async(
+            args=[conv, rev], queue=SUMMARIZE_QUEUE
+        ),
+        enqueue_evaluate=lambda conv: evaluate.apply_async(
+            args=[conv, time.time()], queue=EVALUATE_QUEUE
+        ),
+    )
+
+
+@worker_process_shutdown.connect
+def _close(**_: Any) -> None:
+    svc = _services.pop(os.getpid(), None)
+    if svc is not None and svc.llm is not None and hasattr(svc.llm, "close"):
+        svc.llm.close()
+
+
+_RETRY: dict[str, Any] = {
+    "autoretry_for": (RedisUnavailable,),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "retry_jitter": True,
+    "max_retries": app.conf.compactor_settings.worker.max_retries,
+}
+_LIMITS = app.conf.compactor_settings.worker
+
+
+@app.task(
+    name="compactor.evaluate",
+    bind=True,
+    time_limit=_LIMITS.evaluate_time_limit_s,
+    soft_time_limit=_LIMITS.evaluate_time_limit_s * 0.8,
+    **_RETRY,
+)
+def evaluate(self: Task, conversation_id: str, submitted_at: float | None = None) -> str:
+    outcome = service().evaluate(conversation_id, submitted_at=submitted_at)
+    log.info("evaluated", extra={"conversation_id": conversation_id, "outcome": outcome})
+    return outcome
+
+
+@app.task(
+    name="compactor.summarize",
+    bind=True,
+    time_limit=_LIMITS.summarize_time_limit_s,
+    soft_time_limit=_LIMITS.summarize_time_limit_s * 0.9,
+    **_RETRY,
+)
+def summarize(self: Task, conversation_id: str, revision: int) -> str:
+    outcome = service().summarize(conversation_id, revision)
+    log.info(
+        "summarized",
+        extra={"conversation_id": conversation_id, "revision": revision, "outcome": outcome},
+    )
+    return outcome
+
+
+@app.task(name="compactor.prune", bind=True, **_RETRY)
+def prune(self: Task) -> int:
+    removed = service().prune()
+    log.info("pruned", extra={"removed": len(removed)})
+    return len(removed)
+
+
+@app.task(name="compactor.reconcile", bind=True, **_RETRY)
+def reconcile(self: Task) -> int:
+    stale = service().reconcile()
+    if stale:
+        log.warning("re-queued stale conversations", extra={"count": len(stale)})
+    return len(stale)
