@@ -103,3 +103,9 @@ class CompressionError(PermanentError):
     """A compressed tool result cannot be expanded (unknown or corrupt form)."""
 
     code = "compression_invalid"
+
+
+class RedisUnavailable(TransientError):
+    """Redis (broker, locks, events) cannot be reached now; the task is retried later."""
+
+    code = "redis_unavailable"
