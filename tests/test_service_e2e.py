@@ -1,0 +1,119 @@
+"""End to end through a real Redis and real Celery worker processes (no eager mode)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from service_support import (  # noqa: F401 - fixtures
+    client_for,
+    conversation,
+    redis_server,
+    redis_url,
+    service_env,
+    wait_for_outcome,
+)
+
+from worker.client import apply_compaction
+from worker.pipeline import tokens_of
+from worker.snapshots import parse_snapshot
+from worker.config import Settings
+from worker.tokens import tokenizer_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> None:  # type: ignore[no-untyped-def]
+    transcripts, make = service_env
+    workers = make()
+    workers.start("w1")
+    client = client_for(workers)
+    snap = conversation("c-over", 12)
+    assert client.submit(snap).status == "queued"
+    events = wait_for_outcome(client, "c-over")
+    outcome = events[-1]
+    assert outcome.type == "compaction.completed"
+    c = outcome.compaction
+    # the transcript is whole and matches before anyone could read the event
+    data = Path(c.transcript.uri).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == c.transcript.sha256
+    assert json.loads(data)["messages"] == snap["messages"]
+    applied = apply_compaction(snap["messages"], outcome)
+    parsed = parse_snapshot(snap, Settings())
+    assert tokens_of(applied, parsed, tokenizer_for("gpt-4.1")) == c.tokens_after
+    assert c.tokens_after < outcome.trigger.threshold_tokens
+    assert client.restore(outcome) == snap["messages"]
+    time.sleep(0.5)
+    assert [e.type for _, e in client.events("c-over")] == ["compaction.completed"]
+
+
+def test_under_threshold_is_skipped(service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = service_env
+    workers = make()
+    workers.start("w1")
+    client = client_for(workers)
+    client.submit(conversation("c-under", 2, window=100_000))
+    events = wait_for_outcome(client, "c-under")
+    assert [e.type for e in events] == ["compaction.skipped"]
+    assert events[0].trigger.projected_tokens <= events[0].trigger.threshold_tokens
+
+
+def test_invalid_snapshot_through_the_broker_is_rejected(service_env) -> None:  # type: ignore[no-untyped-def]
+    transcripts, make = service_env
+    workers = make()
+    workers.start("w1")
+    client = client_for(workers)
+    bad = conversation("c-bad", 2)
+    bad["messages"].append({"role": "tool", "tool_call_id": "nope", "content": "orphan"})
+    client.submit(bad)
+    events = wait_for_outcome(client, "c-bad")
+    assert events[-1].type == "compaction.rejected"
+    assert "nope" in events[-1].error.message and events[-1].error.field
+    assert not transcripts.exists() or not any(transcripts.rglob("*.json"))
+
+
+def test_broker_message_is_small_whatever_the_snapshot_size(service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = service_env
+    workers = make()  # not started: the message stays in the queue for inspection
+    client = client_for(workers)
+    big = conversation("c-big", 40, body=20_000)
+    assert len(json.dumps(big)) > 5_000_000
+    client.submit(big)
+    r = redis.Redis.from_url(workers.url)
+    messages = [m for key in r.scan_iter(match="compactor.evaluate*") for m in r.lrange(key, 0, -1)]
+    assert len(messages) == 1 and len(messages[0]) < 2048
+
+
+def test_a_burst_of_submissions_coalesces(service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = service_env
+    workers = make()
+    workers.start("w1", concurrency=4)
+    client = client_for(workers)
+    for rev in range(100):
+        snap = conversation("c-burst", 10, revision=rev)
+        client.submit(snap)
+    events = wait_for_outcome(client, "c-burst", revision=99, timeout_s=60)
+    time.sleep(1.0)
+    all_events = [e for _, e in client.events("c-burst")]
+    completed = [e for e in all_events if e.type == "compaction.completed"]
+    assert 1 <= len(completed) <= 2
+    assert len(all_events) < 20  # evaluated for the latest revisions, not once per submission
+    assert events[-1].revision == 99
+
+
+def test_retention_keeps_exactly_the_configured_number(service_env) -> None:  # type: ignore[no-untyped-def]
+    transcripts, make = service_env
+    workers = make("max_persisted_transcripts = 3")
+    workers.start("w1")
+    client = client_for(workers)
+    for k in range(5):  # unrelated histories, so no compaction carries over to the next
+        snap = conversation("c-ret", 10 + k * 3, revision=100 + k, id_prefix=f"h{k}-")
+        client.submit(snap)
+        wait_for_outcome(client, "c-ret", revision=100 + k)
+    kept = sorted(p.name for p in (transcripts / "c-ret").glob("*.json"))
+    assert len(kept) == 3
+    assert [int(n.split("-")[0]) for n in kept] == [102, 103, 104]
