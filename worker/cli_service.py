@@ -318,7 +318,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     if args.serve is None:
         sys.stdout.write(render())
         return 0
-    serve(render, port=args.serve)
+    serve(render, port=args.serve, host=args.host)
     return 0
 
 
@@ -363,5 +363,10 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("metrics", parents=[common], help="Prometheus metrics (print or serve)")
-    p.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics on 127.0.0.1:PORT")
+    p.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics on HOST:PORT")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind with --serve (default 127.0.0.1; 0.0.0.0 in a container)",
+    )
     p.set_defaults(func=cmd_metrics)

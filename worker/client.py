@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 from worker import formats
 from worker.config import CompactionConfig, Settings
 from worker.errors import CompactorError, InvalidSnapshot
-from worker.models import CONVERSATION_ID_PATTERN, Compaction, CompactionEvent, WireFormat
+from worker.models import (
+    CONVERSATION_ID_PATTERN,
+    MAX_REVISION,
+    Compaction,
+    CompactionEvent,
+    WireFormat,
+)
 from worker.projection import ProjectionPolicy
 from worker.projection import project as project_messages
 from worker.snapshots import decode_json
@@ -210,13 +216,15 @@ def _claim(snapshot: dict[str, Any] | bytes | str, settings: Settings) -> tuple[
     if not isinstance(head, dict):
         raise InvalidSnapshot("", "a snapshot must be a JSON object")
     conversation_id, revision = head.get("conversation_id"), head.get("revision")
-    if not isinstance(conversation_id, str) or not re.match(
+    if not isinstance(conversation_id, str) or not re.fullmatch(
         CONVERSATION_ID_PATTERN, conversation_id
     ):
         raise InvalidSnapshot(
             "conversation_id",
             "must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.'",
         )
-    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
-        raise InvalidSnapshot("revision", "must be a non-negative integer")
+    if isinstance(revision, bool) or not isinstance(revision, int):
+        raise InvalidSnapshot("revision", "must be an integer")
+    if not 0 <= revision <= MAX_REVISION:
+        raise InvalidSnapshot("revision", f"must be an integer from 0 to {MAX_REVISION}")
     return payload, conversation_id, revision

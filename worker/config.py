@@ -139,7 +139,6 @@ class LLMConfig(_Strict):
     # every compatible server (vLLM, Ollama, llama.cpp, LiteLLM) understands; OpenAI's reasoning
     # models (o-series, gpt-5) accept only ``max_completion_tokens``.
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
-    max_response_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # larger answers fail
 
 
 class RedisConfig(_Strict):
@@ -152,6 +151,8 @@ class RedisConfig(_Strict):
     # Unacknowledged tasks are redelivered after this; it must outlast the longest compaction.
     visibility_timeout_s: int = Field(default=900, ge=5)
     lock_lease_s: float = Field(default=30.0, ge=1.0)
+
+    _none_ok = field_validator("url", mode="before")(_none_word)
 
 
 class TranscriptRetention(_Strict):
@@ -334,6 +335,7 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
     """The resolved configuration as ``config show`` prints it: secrets masked."""
     data = settings.model_dump(mode="json")
     data["redis"]["url"] = mask_url(redis_url(settings))
+    data["llm"]["base_url"] = mask_url(settings.llm.base_url)
     data["llm"]["headers"] = {k: "***" for k in settings.llm.headers}
     data["llm"]["api_key"] = (
         "set (masked)" if os.environ.get(settings.llm.api_key_env) else "not set"

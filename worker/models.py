@@ -24,6 +24,7 @@ EventType = Literal[
     "compaction.rejected",
     "tool_results.elided",
 ]
+MAX_REVISION = 10**18 - 1  # 18 digits: transcript names sort by zero-padded revision
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9_:\-][A-Za-z0-9._:\-]{0,127}$"
 
 
@@ -64,7 +65,7 @@ class Snapshot(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     conversation_id: str = Field(pattern=CONVERSATION_ID_PATTERN)
-    revision: StrictInt = Field(ge=0)
+    revision: StrictInt = Field(ge=0, le=MAX_REVISION)
     model: ModelInfo = Field(default_factory=ModelInfo)
     format: WireFormat = "openai"
     messages: list[dict[str, Any]]
@@ -83,9 +84,9 @@ class ToolCallPolicy(_Frozen):
 
 class Trigger(_Frozen):
     kind: str
-    threshold_tokens: int | None
+    threshold_tokens: int | None = None
     projected_tokens: int
-    context_window: int | None
+    context_window: int | None = None
 
 
 class Summary(_Frozen):
@@ -146,7 +147,8 @@ class CompactionEvent(_Frozen):
     error: EventError | None = None
 
     def to_json(self) -> str:
-        return self.model_dump_json(exclude_none=True)
+        """The event as published: every field present, nulls included (DESIGN.md §3)."""
+        return self.model_dump_json()
 
 
 def canonical_json(value: Any) -> str:

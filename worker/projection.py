@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
+from worker.cache import ContentCache, content_key
 from worker.compress import compress_tool_result
 from worker.config import CompactionConfig, ProjectedToolResultBudget
 from worker.models import ElidedResult, Message
@@ -81,7 +82,17 @@ def project(messages: list[Message], policy: ProjectionPolicy) -> Projection:
     return Projection(messages=projected, bodies=by_call, elided=elided)
 
 
+# Compression is deterministic, so each distinct result is compressed once per process.
+_compressed_bodies: ContentCache[str] = ContentCache(50_000)
+
+
 def _compressed(message: Message, policy: ProjectionPolicy) -> str:
+    key = content_key(message.tool_name or "", message.content, policy.model or "",
+                      f"{policy.compress_min_tokens}:{policy.compress_min_saving}")
+    return _compressed_bodies.get_or_compute(key, lambda: _compress_now(message, policy))
+
+
+def _compress_now(message: Message, policy: ProjectionPolicy) -> str:
     out = compress_tool_result(
         message.tool_name or "",
         message.content,

@@ -15,7 +15,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis
@@ -86,12 +86,22 @@ if ARGV[6] ~= '' then
   local latest = tonumber(redis.call('GET', KEYS[8]) or '-1')
   if tonumber(ARGV[6]) >= latest then redis.call('ZREM', KEYS[9], ARGV[9]) end
 end
+for i = 11, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[10], ARGV[i], ARGV[i + 1]) end
 if ARGV[7] == '1' then
   redis.call('LPUSH', KEYS[7], ARGV[1])
   redis.call('LTRIM', KEYS[7], 0, ARGV[10] - 1)
   redis.call('EXPIRE', KEYS[7], ARGV[3])
 end
 return 'published'
+"""
+
+_TAKE = """
+redis.call('DEL', KEYS[1])
+local latest = redis.call('GET', KEYS[2])
+local handled = redis.call('GET', KEYS[3]) or '-1'
+if not latest or tonumber(latest) <= tonumber(handled) then return {latest or false, handled} end
+local payload = redis.call('GET', ARGV[1] .. latest)
+return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1)}
 """
 
 _RENEW = """
@@ -116,6 +126,18 @@ class SubmitResult:
     revision: int  # the conversation's newest revision now known
 
 
+@dataclass(frozen=True)
+class Work:
+    latest: int | None  # newest submitted revision (None: nothing, or expired)
+    handled: int  # newest revision with an outcome
+    payload: bytes | None = None  # the newest snapshot, when there is work to do
+    compactions: list[CompactionEvent] = field(default_factory=list)  # oldest first
+
+    @property
+    def pending(self) -> bool:
+        return self.latest is not None and self.latest > self.handled
+
+
 class RedisState:
     """The service's state in Redis. Thread-safe (redis-py pools connections)."""
 
@@ -125,6 +147,7 @@ class RedisState:
         self._submit = client.register_script(_SUBMIT)
         self._publish = client.register_script(_PUBLISH)
         self._renew = client.register_script(_RENEW)
+        self._take = client.register_script(_TAKE)
         self._release = client.register_script(_RELEASE)
 
     # --- snapshots ---------------------------------------------------------------------------
@@ -146,37 +169,27 @@ class RedisState:
             )
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
 
-    def take_latest(self, conversation_id: str) -> tuple[int | None, int]:
-        """(newest submitted revision, newest handled revision), clearing the queued flag first
-        so that any later submission enqueues a fresh evaluation."""
-        with redis_errors("reading the latest revision"):
-            pipe = self.client.pipeline(transaction=True)
-            pipe.delete(keys.queued(conversation_id))
-            pipe.get(keys.latest(conversation_id))
-            pipe.get(keys.handled(conversation_id))
-            _, latest, handled = pipe.execute()
-        return (
-            int(latest) if latest is not None else None,
-            int(handled) if handled is not None else -1,
-        )
-
-    def load_snapshot(self, conversation_id: str, revision: int) -> bytes | None:
-        with redis_errors("loading a snapshot"):
-            packed = self.client.get(keys.snapshot(conversation_id, revision))
-        return zlib.decompress(packed) if packed is not None else None
+    def take_work(self, conversation_id: str) -> Work:
+        """In one round trip: clear the queued flag (later submissions enqueue afresh), and read
+        the newest and handled revisions, the newest snapshot and the recent compactions."""
+        with redis_errors("reading the conversation's work"):
+            reply = self._take(
+                keys=[keys.queued(conversation_id), keys.latest(conversation_id),
+                      keys.handled(conversation_id), keys.last_compaction(conversation_id)],
+                args=[keys.snapshot(conversation_id, 0)[:-1]],
+            )
+        latest = int(reply[0]) if reply[0] else None
+        handled = int(reply[1])
+        if len(reply) < 3:
+            return Work(latest=latest, handled=handled)
+        payload = zlib.decompress(reply[2]) if reply[2] else None
+        compactions = [CompactionEvent.model_validate_json(r) for r in reversed(reply[3])]
+        return Work(latest=latest, handled=handled, payload=payload, compactions=compactions)
 
     def handled_revision(self, conversation_id: str) -> int:
         with redis_errors("reading the handled revision"):
             value = self.client.get(keys.handled(conversation_id))
         return int(value) if value is not None else -1
-
-    def last_compactions(self, conversation_id: str) -> list[CompactionEvent]:
-        """Recent completed compactions, oldest first."""
-        with redis_errors("reading recent compactions"):
-            raw = self.client.lrange(keys.last_compaction(conversation_id), 0, -1)
-        return [CompactionEvent.model_validate_json(r) for r in reversed(raw)]
-
-    # --- single flight -----------------------------------------------------------------------
 
     def acquire_lock(self, conversation_id: str, lease_s: float) -> str | None:
         """A fencing token when this worker now holds the conversation, else None."""
@@ -241,6 +254,7 @@ class RedisState:
         *,
         fencing_token: str | None = None,
         handled_revision: int | None = None,
+        counters: dict[str, float] | None = None,
     ) -> PublishStatus:
         """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
         and record the handled revision. Raises LeaseLost if the fencing token is stale."""
@@ -329,6 +343,13 @@ class RedisState:
         """Best effort: a metric must never fail the work it measures."""
         with contextlib.suppress(TransientError), redis_errors("counting"):
             self.client.hincrbyfloat(keys.METRICS, counter, amount)
+
+    def incr_many(self, counters: dict[str, float]) -> None:
+        with contextlib.suppress(TransientError), redis_errors("counting"):
+            pipe = self.client.pipeline(transaction=False)
+            for name, amount in counters.items():
+                pipe.hincrbyfloat(keys.METRICS, name, amount)
+            pipe.execute()
 
     def counters(self) -> dict[str, float]:
         with redis_errors("reading metrics"):

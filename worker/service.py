@@ -39,7 +39,7 @@ from worker.pipeline import (
     skipped_event,
     tokenizer_of,
 )
-from worker.redis_state import RedisState
+from worker.redis_state import RedisState, Work
 from worker.snapshots import ParsedSnapshot, parse_snapshot
 from worker.summarize import Summarizer
 from worker.transcripts import TranscriptStore
@@ -73,32 +73,30 @@ class Service:
     # --- evaluate ----------------------------------------------------------------------------
 
     def evaluate(self, conversation_id: str, *, submitted_at: float | None = None) -> Outcome:
+        work = self.state.take_work(conversation_id)
+        if not work.pending:
+            return "expired" if work.latest is None else "superseded"
+        counters = {"snapshots_evaluated_total": 1.0}
         if submitted_at is not None:
-            self.state.incr("queue_lag_seconds_total", max(time.time() - submitted_at, 0.0))
-            self.state.incr("queue_lag_samples_total")
-        latest, handled = self.state.take_latest(conversation_id)
-        if latest is None:
-            return "expired"
-        if latest <= handled:
-            return "superseded"
-        parsed = self._load(conversation_id, latest)
+            counters["queue_lag_seconds_total"] = max(time.time() - submitted_at, 0.0)
+            counters["queue_lag_samples_total"] = 1.0
+        parsed = self._parse(conversation_id, work)
         if isinstance(parsed, str):
             return parsed  # type: ignore[return-value]
-        self.state.incr("snapshots_evaluated_total")
         tokenizer = tokenizer_of(parsed)
         evaluation = evaluate(parsed, tokenizer)
         elided = elided_event(parsed, evaluation, self.now())
         if elided is not None:
             self.state.publish(elided)
         if not evaluation.over_threshold:
-            self.state.publish(
-                skipped_event(parsed, evaluation, self.now()), handled_revision=latest
-            )
-            self.state.incr("compactions_skipped_total")
+            counters["compactions_skipped_total"] = 1.0
+            self.state.publish(skipped_event(parsed, evaluation, self.now()),
+                               handled_revision=work.latest, counters=counters)
             return "skipped"
+        self.state.incr_many(counters)
         if self._defer_if_locked(conversation_id):
             return "deferred"
-        self.enqueue_summarize(conversation_id, latest)
+        self.enqueue_summarize(conversation_id, parsed.revision)
         return "queued"
 
     def _defer_if_locked(self, conversation_id: str) -> bool:
@@ -110,30 +108,29 @@ class Service:
             return True
         return not self.state.take_rerun(conversation_id)
 
-    def _load(self, conversation_id: str, revision: int) -> ParsedSnapshot | str:
+    def _parse(self, conversation_id: str, work: Work) -> ParsedSnapshot | str:
         """The snapshot with published compactions applied, or an outcome when there is none."""
-        payload = self.state.load_snapshot(conversation_id, revision)
-        if payload is None:
+        assert work.latest is not None
+        if work.payload is None:
             return "expired"
         try:
-            parsed = parse_snapshot(payload, self.settings)
+            parsed = parse_snapshot(work.payload, self.settings)
         except InvalidSnapshot as exc:
             self.state.publish(
-                rejected_event(
-                    exc, conversation_id=conversation_id, revision=revision, now=self.now()
-                ),
-                handled_revision=revision,
-            )
-            self.state.incr("snapshots_rejected_total")
+                rejected_event(exc, conversation_id=conversation_id, revision=work.latest,
+                               now=self.now()),
+                handled_revision=work.latest, counters={"snapshots_rejected_total": 1.0})
             return "rejected"
-        return self._with_published_compactions(parsed)
+        return self._with_published_compactions(parsed, work.compactions)
 
-    def _with_published_compactions(self, parsed: ParsedSnapshot) -> ParsedSnapshot:
+    def _with_published_compactions(
+        self, parsed: ParsedSnapshot, compactions: list[CompactionEvent]
+    ) -> ParsedSnapshot:
         """Apply, in order, the compactions already published for earlier revisions that this
         snapshot does not contain yet, so it is evaluated against the compacted history."""
         messages = parsed.snapshot.messages
         changed = False
-        for event in self.state.last_compactions(parsed.conversation_id):
+        for event in compactions:
             if event.revision > parsed.revision:
                 continue
             try:
@@ -179,12 +176,11 @@ class Service:
     def _compact_locked(
         self, conversation_id: str, token: str, lease_lost: Callable[[], bool]
     ) -> Outcome:
-        latest, handled = self.state.take_latest(conversation_id)
-        if latest is None:
-            return "expired"
-        if latest <= handled:
-            return "superseded"
-        parsed = self._load(conversation_id, latest)
+        work = self.state.take_work(conversation_id)
+        if not work.pending:
+            return "expired" if work.latest is None else "superseded"
+        latest = work.latest
+        parsed = self._parse(conversation_id, work)
         if isinstance(parsed, str):
             return parsed  # type: ignore[return-value]
         tokenizer = tokenizer_of(parsed)

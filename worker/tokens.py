@@ -14,7 +14,6 @@ import hashlib
 import os
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Protocol
 
 import tiktoken
 
+from worker.cache import ContentCache, content_key
 from worker.errors import TokenizerUnavailable
 
 DEFAULT_ENCODING = "o200k_base"
@@ -144,27 +144,19 @@ class TiktokenTokenizer:
     def __init__(self, model: str | None = None, *, cache_size: int = 200_000) -> None:
         self.name = encoding_name_for_model(model)
         self._encoding = get_encoding(self.name)
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
-        self._cache_size = cache_size
-        self._cache_lock = threading.Lock()
-        self.misses = 0
+        self._cache: ContentCache[int] = ContentCache(cache_size)
+
+    @property
+    def misses(self) -> int:
+        return self._cache.misses
+
+    def _encode_len(self, text: str) -> int:
+        return len(self._encoding.encode(text, disallowed_special=()))
 
     def count(self, text: str) -> int:
         if len(text) < 64:  # hashing costs about as much as encoding for short texts
-            return len(self._encoding.encode(text, disallowed_special=()))
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
-        n = len(self._encoding.encode(text, disallowed_special=()))
-        with self._cache_lock:
-            self.misses += 1
-            self._cache[key] = n
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return n
+            return self._encode_len(text)
+        return self._cache.get_or_compute(content_key(text), lambda: self._encode_len(text))
 
 
 class CharEstimateTokenizer:

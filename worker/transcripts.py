@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.errors import InvalidSnapshot, StorageError
-from worker.models import CONVERSATION_ID_PATTERN, TranscriptRef
+from worker.models import CONVERSATION_ID_PATTERN, MAX_REVISION, TranscriptRef
 
-_NAME = re.compile(r"^(\d{12})-([0-9a-f]{16})\.json$")
+_NAME = re.compile(r"(\d{18})-([0-9a-f]{16})\.json")
 _CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
-_EVENT_ID = re.compile(r"^[0-9a-f]{16,64}$")
+_EVENT_ID = re.compile(r"[0-9a-f]{16,64}")
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -42,9 +42,9 @@ class StoredTranscript:
 
 
 def transcript_name(revision: int, event_id: str) -> str:
-    if not _EVENT_ID.match(event_id) or revision < 0:
-        raise InvalidSnapshot("event_id", "not a valid event id")
-    return f"{revision:012d}-{event_id[:16]}.json"
+    if not _EVENT_ID.fullmatch(event_id) or not 0 <= revision <= MAX_REVISION:
+        raise InvalidSnapshot("event_id", "not a valid event id or revision")
+    return f"{revision:018d}-{event_id[:16]}.json"
 
 
 class TranscriptStore:
@@ -52,7 +52,7 @@ class TranscriptStore:
         self.root = Path(root)
 
     def conversation_dir(self, conversation_id: str) -> Path:
-        if not _CONVERSATION_ID.match(conversation_id):
+        if not _CONVERSATION_ID.fullmatch(conversation_id):
             raise InvalidSnapshot("conversation_id", "not a valid conversation id")
         return self.root / conversation_id
 
@@ -87,7 +87,7 @@ class TranscriptStore:
         found = []
         for directory in dirs:
             for entry in _entries(directory):
-                match = _NAME.match(entry.name)
+                match = _NAME.fullmatch(entry.name)
                 if match is None:
                     continue
                 try:

@@ -17,6 +17,10 @@ _ROLES = {
 }
 
 
+# Chat Completions content parts; only text and refusals carry text we count.
+_PART_TYPES = {"text", "refusal", "image_url", "input_audio", "file"}
+
+
 def to_messages(
     raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any
 ) -> list[Message]:
@@ -71,6 +75,9 @@ def _text(content: Any, where: str) -> str:
     for k, part in enumerate(content):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise InvalidSnapshot(f"{where}[{k}]", "a content part needs a string 'type'")
+        if part["type"] not in _PART_TYPES:
+            raise InvalidSnapshot(f"{where}[{k}].type", f"unexpected content part type "
+                                  f"{part['type']!r} (is this an anthropic snapshot?)")
         text = part.get("text", part.get("refusal"))
         if part["type"] in ("text", "refusal"):
             if not isinstance(text, str):

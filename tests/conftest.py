@@ -1,0 +1,76 @@
+"""Shared fixtures: the real-conversation corpus (skipped where absent) and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CORPUS_ENV = "COMPACTOR_CORPUS_DIR"
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    """The real conversations: ``$COMPACTOR_CORPUS_DIR``, else ``../shared/corpus/swe-trajectories``
+    beside the repository root. Skips (with the places looked at) when neither exists."""
+    candidates = []
+    if os.environ.get(CORPUS_ENV):
+        candidates.append(Path(os.environ[CORPUS_ENV]))
+    candidates.append(REPO_ROOT.parent / "shared" / "corpus" / "swe-trajectories")
+    for path in candidates:
+        if path.is_dir() and any(path.glob("*.json.gz")):
+            return path
+    pytest.skip(
+        f"corpus not found (set ${CORPUS_ENV}, or put it at {candidates[-1]}); "
+        "looked at: " + ", ".join(map(str, candidates))
+    )
+
+
+class CliResult(NamedTuple):
+    code: int
+    stdout: str
+    stderr: str
+
+
+class CliRunner:
+    """Runs ``python -m worker ARGS`` in ``cwd`` with a clean ``COMPACTOR_*`` environment."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+
+    def __call__(
+        self,
+        *args: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 120,
+    ) -> CliResult:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
+        environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p
+        )
+        environ.update(env or {})
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker", *map(str, args)],
+            cwd=self.cwd,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path) -> CliRunner:
+    """``run_cli("compact", file) -> (code, stdout, stderr)``; ``run_cli.cwd`` is a fresh temp
+    directory (so ``transcripts/`` and ``config/compactor.toml`` resolve inside it)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    return CliRunner(cwd)

@@ -1,0 +1,476 @@
+"""The command line as a process (DESIGN.md §4): exit codes, one JSON event per line on stdout,
+one JSON error line on stderr (never a traceback), transcripts written only for completed
+compactions, secrets never printed. Everything runs ``python -m worker`` in a temp directory."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from worker.client import apply_compaction
+from worker.models import CompactionEvent
+from worker.transcripts import TranscriptStore
+
+if TYPE_CHECKING:
+    from conftest import CliResult, CliRunner
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FORMATS = ["openai", "anthropic"]
+
+
+def fixture(fmt: str) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads((FIXTURES / f"snapshot_{fmt}.json").read_text())
+    return value
+
+
+def save(runner: CliRunner, value: Any, name: str = "snapshot.json") -> Path:
+    path = runner.cwd / name
+    path.write_text(value if isinstance(value, str) else json.dumps(value), encoding="utf-8")
+    return path
+
+
+def stdout_events(result: CliResult) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def no_traceback(result: CliResult) -> None:
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def written_files(runner: CliRunner) -> list[Path]:
+    root = runner.cwd / "transcripts"
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def completed(runner: CliRunner, snapshot: dict[str, Any], *args: str) -> dict[str, Any]:
+    """Run ``compact`` and return its single ``compaction.completed`` event."""
+    result = runner("compact", save(runner, snapshot), *args)
+    no_traceback(result)
+    assert result.code == 0, result.stderr
+    events = stdout_events(result)
+    for e in events:
+        CompactionEvent.model_validate(e)  # every printed event has the contract's shape
+    done = [e for e in events if e["type"] == "compaction.completed"]
+    assert len(done) == 1, events
+    assert events[-1] is done[0]
+    return done[0]
+
+
+# --- compact ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_compact_over_threshold(run_cli: CliRunner, fmt: str) -> None:
+    snapshot = fixture(fmt)
+    messages = snapshot["messages"]
+    before = copy.deepcopy(messages)
+    event = completed(run_cli, snapshot)
+    assert event["conversation_id"] == snapshot["conversation_id"]
+    assert event["revision"] == snapshot["revision"]
+    trigger = event["trigger"]
+    assert trigger["threshold_tokens"] == 750  # 1000 * 75 // 100
+    assert trigger["projected_tokens"] > trigger["threshold_tokens"]
+    comp = event["compaction"]
+    start, end = comp["start"], comp["end"]
+    assert 0 <= start < end <= len(messages)
+    assert messages[start]["id"] == comp["first_id"]
+    assert messages[end - 1]["id"] == comp["last_id"]
+    assert comp["tokens_after"] < comp["tokens_before"]
+    # The transcript: on disk, private, and exactly what the event says.
+    ref = comp["transcript"]
+    path = run_cli.cwd / ref["uri"]
+    data = path.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == ref["sha256"]
+    assert len(data) == ref["bytes"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(data)["messages"] == messages  # the full pre-compaction history
+    assert written_files(run_cli) == [path]
+    # apply_compaction of the printed event: pure, and exactly the described splice.
+    applied = apply_compaction(messages, event)
+    assert applied == messages[:start] + comp["replacement"] + messages[end:]
+    assert messages == before
+    # Messages the agent appended after submitting the snapshot survive.
+    later = [
+        {"id": "late-1", "role": "user", "content": "one more thing"},
+        {"id": "late-2", "role": "assistant", "content": "sure"},
+    ]
+    grown = apply_compaction(messages + later, event)
+    assert grown == messages[:start] + comp["replacement"] + messages[end:] + later
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_compact_under_threshold_is_skipped(run_cli: CliRunner, fmt: str) -> None:
+    snapshot = fixture(fmt)
+    snapshot["model"]["context_window"] = 1_047_576
+    result = run_cli("compact", save(run_cli, snapshot))
+    no_traceback(result)
+    assert result.code == 0, result.stderr
+    events = stdout_events(result)
+    assert [e["type"] for e in events] == ["compaction.skipped"]
+    CompactionEvent.model_validate(events[0])
+    assert events[0]["trigger"]["threshold_tokens"] == 785_682
+    assert written_files(run_cli) == []
+
+
+def test_trigger_off_by_snapshot_override_is_skipped(run_cli: CliRunner) -> None:
+    snapshot = fixture("openai") | {"config": {"auto_compact_trigger": "off"}}
+    result = run_cli("compact", save(run_cli, snapshot))
+    assert result.code == 0, result.stderr
+    events = stdout_events(result)
+    assert [e["type"] for e in events] == ["compaction.skipped"]
+    # Off is a None threshold; the printed event must still be a valid CompactionEvent.
+    assert events[0]["trigger"].get("threshold_tokens") is None
+    CompactionEvent.model_validate(events[0])
+    assert written_files(run_cli) == []
+
+
+def test_unknown_window_event_applies(run_cli: CliRunner) -> None:
+    """No context window: the absolute threshold decides, and the printed event (with its
+    null ``context_window``) is still one the agent can apply."""
+    snapshot = fixture("openai")
+    snapshot["model"] = {"name": "gpt-4.1"}
+    snapshot["config"] = {"auto_compact_threshold_tokens": 600}
+    result = run_cli("compact", save(run_cli, snapshot))
+    no_traceback(result)
+    assert result.code == 0, result.stderr
+    event = stdout_events(result)[-1]
+    assert event["type"] == "compaction.completed"
+    assert event["trigger"]["threshold_tokens"] == 600
+    assert event["trigger"].get("context_window") is None
+    comp = event["compaction"]
+    applied = apply_compaction(snapshot["messages"], event)
+    messages = snapshot["messages"]
+    assert applied == messages[: comp["start"]] + comp["replacement"] + messages[comp["end"] :]
+
+
+def pending_call_snapshot(fmt: str, *, parallel: bool) -> tuple[dict[str, Any], int]:
+    """The fixture with a final assistant turn whose tool call(s) still wait for results."""
+    snapshot = fixture(fmt)
+    messages = snapshot["messages"]
+    if fmt == "openai":
+        calls = [
+            {
+                "id": "call_lint",
+                "type": "function",
+                "function": {"name": "run_lint", "arguments": '{"path": "src"}'},
+            }
+        ]
+        if parallel:
+            calls.append(
+                {
+                    "id": "call_type",
+                    "type": "function",
+                    "function": {"name": "run_mypy", "arguments": '{"path": "src"}'},
+                }
+            )
+        messages += [
+            {"id": "m90", "role": "user", "content": "Run the linters too."},
+            {"id": "m91", "role": "assistant", "content": None, "tool_calls": calls},
+        ]
+        if parallel:
+            messages.append(
+                {
+                    "id": "m92",
+                    "role": "tool",
+                    "tool_call_id": "call_lint",
+                    "content": "All checks passed.",
+                }
+            )
+    else:
+        blocks = [
+            {"type": "tool_use", "id": "toolu_lint", "name": "run_lint", "input": {"path": "src"}}
+        ]
+        if parallel:
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": "toolu_type",
+                    "name": "run_mypy",
+                    "input": {"path": "src"},
+                }
+            )
+        messages += [
+            {"id": "a90", "role": "user", "content": "Run the linters too."},
+            {"id": "a91", "role": "assistant", "content": blocks},
+        ]
+        if parallel:
+            messages.append(
+                {
+                    "id": "a92",
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_lint",
+                            "content": "All checks passed.",
+                        }
+                    ],
+                }
+            )
+    pending_index = next(i for i, m in enumerate(messages) if m["id"] in ("m91", "a91"))
+    return snapshot, pending_index
+
+
+@pytest.mark.parametrize(
+    ("fmt", "parallel"),
+    [("openai", True), ("anthropic", False)],
+    ids=["openai-one-of-two-answered", "anthropic-one-call"],
+)
+def test_unanswered_tool_call_stays_out_of_the_range(
+    run_cli: CliRunner, fmt: str, parallel: bool
+) -> None:
+    snapshot, pending = pending_call_snapshot(fmt, parallel=parallel)
+    event = completed(run_cli, snapshot)
+    comp = event["compaction"]
+    assert comp["end"] <= pending
+    applied = apply_compaction(snapshot["messages"], event)
+    tail = snapshot["messages"][pending:]
+    assert applied[-len(tail) :] == tail
+
+
+def test_config_file_transcript_dir_and_tool_hints(run_cli: CliRunner) -> None:
+    elsewhere = run_cli.cwd / "store" / "t"
+    config = save(
+        run_cli,
+        f"""
+[compaction]
+transcript_dir = "{elsewhere}"
+
+[conversation.tools."*"]
+compaction = "strip"
+
+[conversation.tools.grep]
+compaction = "omit"
+
+[conversation.tools.read_file]
+compaction = "strip-responses"
+""",
+        "c.toml",
+    )
+    event = completed(run_cli, fixture("openai"), "--config", str(config))
+    comp = event["compaction"]
+    assert Path(comp["transcript"]["uri"]).parent == elsewhere / "fixture-openai-1"
+    assert written_files(run_cli) == []
+    # RFD D17: hints resolved at creation and frozen into the event.
+    assert comp["tool_calls"] == {"policy": "strip", "request": True, "response": True}
+    assert comp["tool_overrides"] == {
+        "grep": {"policy": "omit", "request": False, "response": False},
+        "read_file": {"policy": "strip", "request": False, "response": True},
+    }
+
+
+def test_rerun_is_idempotent_and_retention_runs_after_each_write(run_cli: CliRunner) -> None:
+    config = save(run_cli, "[compaction]\nmax_persisted_transcripts = 1\n", "c.toml")
+    snapshot = fixture("anthropic")
+    first = completed(run_cli, snapshot, "--config", str(config))
+    again = completed(run_cli, snapshot, "--config", str(config))  # a redelivered task
+    assert first["event_id"] == again["event_id"]
+    assert first["compaction"]["transcript"] == again["compaction"]["transcript"]
+    assert written_files(run_cli) == [run_cli.cwd / first["compaction"]["transcript"]["uri"]]
+    newer = completed(run_cli, snapshot | {"revision": 8}, "--config", str(config))
+    assert written_files(run_cli) == [run_cli.cwd / newer["compaction"]["transcript"]["uri"]]
+
+
+def test_unwritable_transcript_dir_fails_without_a_completed_event(run_cli: CliRunner) -> None:
+    blocker = save(run_cli, "a regular file, not a directory", "blocker")
+    config = save(run_cli, f'[compaction]\ntranscript_dir = "{blocker}"\n', "c.toml")
+    result = run_cli("compact", save(run_cli, fixture("openai")), "--config", config)
+    no_traceback(result)
+    assert result.code == 1, result.stderr
+    events = stdout_events(result)
+    assert [e["type"] for e in events] == ["compaction.failed"]
+    CompactionEvent.model_validate(events[0])
+    assert events[0]["error"]["code"] == "storage_unavailable"
+    assert blocker.read_text() == "a regular file, not a directory"
+
+
+# --- rejected input -----------------------------------------------------------------------------
+
+
+def bad_inputs() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """name -> (file content or None for a missing file, what the error line must say)."""
+    base = fixture("openai")
+    unknown_role = copy.deepcopy(base)
+    unknown_role["messages"][1]["role"] = "narrator"
+    orphan = copy.deepcopy(base)
+    orphan["messages"].insert(2, {"role": "tool", "tool_call_id": "call_ghost", "content": "x"})
+    return {
+        "malformed-json": (
+            '{"conversation_id": "c", "revision": 1, "messages": [',
+            {"reason": "malformed JSON"},
+        ),
+        "unknown-role": (unknown_role, {"field": "messages[1].role"}),
+        "tool-result-without-call": (orphan, {"field": "messages[2]", "reason": "call_ghost"}),
+        "path-traversal-id": (
+            base | {"conversation_id": "../../etc"},
+            {"field": "conversation_id"},
+        ),
+        "fractional-revision": (base | {"revision": 1.5}, {"field": "revision"}),
+        "string-revision": (base | {"revision": "17"}, {"field": "revision"}),
+        "negative-revision": (base | {"revision": -1}, {"field": "revision"}),
+        "lone-surrogate": (
+            json.dumps(base).replace("skipped", "skip\\udc80ped"),
+            {"reason": "surrogate"},
+        ),
+        "operator-only-override": (
+            base | {"config": {"transcript_dir": "/etc"}},
+            {"field": "config.transcript_dir"},
+        ),
+        "missing-file": (None, {"error": "usage", "message": "does-not-exist.json"}),
+    }
+
+
+BAD = bad_inputs()
+
+
+def assert_rejected(runner: CliRunner, result: CliResult, expect: dict[str, Any]) -> None:
+    no_traceback(result)
+    assert result.code == 2, (result.code, result.stderr)
+    assert result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    error = json.loads(last)
+    assert "field" in error or "error" in error
+    for key, part in expect.items():
+        assert part in str(error.get(key)), (key, error)
+    if "field" in error:
+        assert error.get("reason"), error
+    assert written_files(runner) == []
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_is_rejected(run_cli: CliRunner, name: str) -> None:
+    raw, expect = BAD[name]
+    path = run_cli.cwd / "does-not-exist.json" if raw is None else save(run_cli, raw)
+    assert_rejected(run_cli, run_cli("compact", path), expect)
+
+
+def test_invalid_utf8_is_rejected(run_cli: CliRunner) -> None:
+    path = run_cli.cwd / "latin1.json"
+    path.write_bytes(json.dumps(fixture("openai")).encode().replace(b"Thanks", b"Th\xe4nks"))
+    assert_rejected(run_cli, run_cli("compact", path), {"reason": "UTF-8"})
+
+
+def test_deep_nesting_is_rejected(run_cli: CliRunner) -> None:
+    text = json.dumps(fixture("openai")).replace(
+        '"revision": 7', '"revision": 7, "x": ' + "[" * 10_000 + "]" * 10_000
+    )
+    assert_rejected(run_cli, run_cli("compact", save(run_cli, text)), {"reason": "nested"})
+
+
+@pytest.mark.slow
+def test_fifty_megabytes_is_rejected(run_cli: CliRunner) -> None:
+    path = run_cli.cwd / "huge.json"
+    head = json.dumps(fixture("openai"))[:-1]  # without the closing brace
+    with path.open("w", encoding="utf-8") as f:
+        f.write(head + ', "padding": "')
+        chunk = "0123456789abcdef" * 65_536  # 1 MiB
+        for _ in range(50):
+            f.write(chunk)
+        f.write('"}')
+    assert path.stat().st_size > 50 * 1024 * 1024
+    assert_rejected(run_cli, run_cli("compact", path), {"reason": "limit"})
+
+
+@pytest.mark.parametrize(
+    ("env", "toml", "key"),
+    [
+        ({"COMPACTOR_MODE": "cloud"}, None, "compaction.mode"),
+        (
+            {},
+            '[conversation.tools.grep]\ncompaction = "squash"\n',
+            "conversation.tools.grep.compaction",
+        ),
+        ({}, "[compaction\n", "c.toml"),
+    ],
+    ids=["env", "hint", "bad-toml"],
+)
+def test_bad_configuration_is_rejected(
+    run_cli: CliRunner, env: dict[str, str], toml: str | None, key: str
+) -> None:
+    args = ["compact", str(save(run_cli, fixture("openai")))]
+    if toml is not None:
+        args += ["--config", str(save(run_cli, toml, "c.toml"))]
+    result = run_cli(*args, env=env)
+    no_traceback(result)
+    assert result.code == 2, result.stderr
+    error = json.loads(result.stderr.strip().splitlines()[-1])
+    assert key in error["key"]
+    assert written_files(run_cli) == []
+
+
+# --- config show --------------------------------------------------------------------------------
+
+
+def test_config_show_masks_secrets(run_cli: CliRunner) -> None:
+    redis_pw = "r3dis-pw-7f1d9a"
+    api_key = "sk-planted-0b5e2c88"
+    result = run_cli(
+        "config",
+        "show",
+        env={
+            "COMPACTOR_REDIS_URL": f"redis://worker:{redis_pw}@broker:6379/0",
+            "OPENAI_API_KEY": api_key,
+        },
+    )
+    no_traceback(result)
+    assert result.code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert redis_pw not in result.stdout + result.stderr
+    assert api_key not in result.stdout + result.stderr
+    assert shown["redis"]["url"] == "redis://worker:***@broker:6379/0"
+    assert shown["llm"]["api_key_env"] == "OPENAI_API_KEY"
+    assert shown["compaction"]["auto_compact_threshold_tokens"] == 50_000
+    assert shown["compaction"]["mode"] == "local_only"
+
+
+def test_config_show_never_prints_a_key_from_a_custom_variable(run_cli: CliRunner) -> None:
+    secret = "sk-custom-var-93c1f0aa"
+    config = save(
+        run_cli, '[llm]\napi_key_env = "TEAM_LLM_KEY"\nprovider = "anthropic"\n', "c.toml"
+    )
+    result = run_cli("config", "show", "--config", config, env={"TEAM_LLM_KEY": secret})
+    assert result.code == 0, result.stderr
+    assert secret not in result.stdout + result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["llm"]["api_key_env"] == "TEAM_LLM_KEY"
+    assert shown["llm"]["provider"] == "anthropic"
+    assert "set" in str(shown["llm"].get("api_key"))
+
+
+def test_config_show_reads_the_default_file_and_compactor_config(run_cli: CliRunner) -> None:
+    (run_cli.cwd / "config").mkdir()
+    save(run_cli, "[compaction]\nsummary_max_output_tokens = 1234\n", "config/compactor.toml")
+    other = save(run_cli, "[compaction]\nsummary_max_output_tokens = 4321\n", "other.toml")
+    default = run_cli("config", "show")
+    named = run_cli("config", "show", env={"COMPACTOR_CONFIG": str(other)})
+    assert default.code == named.code == 0
+    assert json.loads(default.stdout)["compaction"]["summary_max_output_tokens"] == 1234
+    assert json.loads(named.stdout)["compaction"]["summary_max_output_tokens"] == 4321
+
+
+# --- prune --------------------------------------------------------------------------------------
+
+
+def test_prune_dry_run_then_prune(run_cli: CliRunner) -> None:
+    store = TranscriptStore(run_cli.cwd / "transcripts")
+    paths = [
+        Path(store.write("c-1", r, hashlib.sha256(bytes([r])).hexdigest()[:32], b"{}").uri)
+        for r in range(5)
+    ]
+    config = save(run_cli, "[compaction]\nmax_persisted_transcripts = 2\n", "c.toml")
+    dry = run_cli("prune", "--dry-run", "--config", config)
+    no_traceback(dry)
+    assert dry.code == 0, dry.stderr
+    would = {Path(p).name for p in json.loads(dry.stdout)["would_remove"]}
+    assert would == {p.name for p in paths[:3]}
+    assert all(p.exists() for p in paths)  # nothing removed by a dry run
+    real = run_cli("prune", "--config", config)
+    assert real.code == 0, real.stderr
+    assert {Path(p).name for p in json.loads(real.stdout)["removed"]} == would
+    assert [p.exists() for p in paths] == [False, False, False, True, True]
