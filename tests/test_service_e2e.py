@@ -117,3 +117,69 @@ def test_retention_keeps_exactly_the_configured_number(service_env) -> None:  # 
     kept = sorted(p.name for p in (transcripts / "c-ret").glob("*.json"))
     assert len(kept) == 3
     assert [int(n.split("-")[0]) for n in kept] == [102, 103, 104]
+
+
+def _llm_config(base_url: str, *, mode: str = "remote_only") -> str:
+    return f"""mode = "{mode}"
+summary_max_input_chars = 200000
+[llm]
+provider = "openai"
+base_url = "{base_url}"
+model = "stand-in"
+api_key_env = "COMPACTOR_TEST_UNSET_KEY"
+timeout_s = 5.0
+deadline_s = 10.0
+max_retries = 1
+"""
+
+
+def test_llm_summary_through_the_worker(service_env) -> None:  # type: ignore[no-untyped-def]
+    from worker.testing.standin_llm import StandinLLM
+
+    _, make = service_env
+    with StandinLLM(latency_s=0.05) as llm:
+        workers = make(_llm_config(llm.openai_base_url))
+        workers.start("w1")
+        client = client_for(workers)
+        client.submit(conversation("c-llm", 12))
+        outcome = wait_for_outcome(client, "c-llm")[-1]
+        assert outcome.type == "compaction.completed"
+        assert outcome.compaction.summary.source == "llm"
+        assert outcome.compaction.summary.tokens <= 300
+        assert len(llm.requests) == 1
+        assert "src/pkg/mod_0.py" in llm.requests[0].user_text
+
+
+def test_two_workers_never_compact_one_conversation_at_once(service_env) -> None:  # type: ignore[no-untyped-def]
+    from worker.testing.standin_llm import StandinLLM
+
+    _, make = service_env
+    latency = 0.4
+    with StandinLLM(latency_s=latency) as llm:
+        workers = make(_llm_config(llm.openai_base_url))
+        workers.start("w1", concurrency=4)
+        workers.start("w2", concurrency=4)
+        client = client_for(workers)
+        convs = [f"c-pair{i}" for i in range(4)]
+        for rev in range(8):  # unrelated histories per revision: each could compact again
+            for conv in convs:
+                snap = conversation(conv, 10, revision=rev, id_prefix=f"{conv}-{rev}-")
+                for m in snap["messages"]:  # tag what the summarizer reads
+                    if m["role"] == "tool":
+                        m["content"] += f" [{conv}]"
+                client.submit(snap)
+            time.sleep(0.1)
+        for conv in convs:
+            wait_for_outcome(client, conv, revision=7, timeout_s=90)
+        spans: dict[str, list[float]] = {}
+        for req in llm.requests:
+            conv = next(c for c in convs if f"[{c}]" in req.user_text)
+            spans.setdefault(conv, []).append(req.received_at)
+        for conv, starts in spans.items():
+            starts.sort()
+            gaps = [b - a for a, b in zip(starts, starts[1:])]
+            assert all(g >= latency * 0.9 for g in gaps), (conv, gaps)
+        for conv in convs:
+            done = [e for _, e in client.events(conv) if e.type == "compaction.completed"]
+            revisions = [e.revision for e in done]
+            assert len(revisions) == len(set(revisions)), revisions
