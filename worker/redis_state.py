@@ -211,9 +211,11 @@ class RedisState:
         with redis_errors("releasing the conversation lock"):
             self._release(keys=[keys.lock(conversation_id)], args=[token])
 
-    def is_locked(self, conversation_id: str) -> bool:
+    def lock_ttl_s(self, conversation_id: str) -> float:
+        """Seconds left on the conversation's lock lease; 0 when nobody holds it."""
         with redis_errors("checking the conversation lock"):
-            return bool(self.client.exists(keys.lock(conversation_id)))
+            ms = int(self.client.pttl(keys.lock(conversation_id)))
+        return max(ms, 0) / 1000
 
     def request_rerun(self, conversation_id: str) -> None:
         with redis_errors("flagging a re-evaluation"):

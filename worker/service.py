@@ -46,6 +46,8 @@ from worker.transcripts import TranscriptStore
 
 log = logging.getLogger(__name__)
 
+LOCK_RETRY_MARGIN_S = 0.25
+
 Outcome = Literal[
     "expired",
     "superseded",
@@ -66,7 +68,7 @@ class Service:
     state: RedisState
     store: TranscriptStore
     llm: Summarizer | None
-    enqueue_summarize: Callable[[str, int], None]
+    enqueue_summarize: Callable[[str, int, float], None]  # (conversation, revision, delay_s)
     enqueue_evaluate: Callable[[str], None]
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
@@ -94,19 +96,18 @@ class Service:
                                handled_revision=work.latest, counters=counters)
             return "skipped"
         self.state.incr_many(counters)
-        if self._defer_if_locked(conversation_id):
-            return "deferred"
-        self.enqueue_summarize(conversation_id, parsed.revision)
-        return "queued"
+        return self._hand_to_summarize(conversation_id, parsed.revision)
 
-    def _defer_if_locked(self, conversation_id: str) -> bool:
-        """Flag a re-run for the running compaction; if it finished meanwhile, take it back."""
-        if not self.state.is_locked(conversation_id):
-            return False
-        self.state.request_rerun(conversation_id)
-        if self.state.is_locked(conversation_id):
-            return True
-        return not self.state.take_rerun(conversation_id)
+    def _hand_to_summarize(self, conversation_id: str, revision: int) -> Outcome:
+        """Queue the compaction; while another one runs, flag a re-run for its holder and also
+        schedule ours for when its lease would lapse (in case the holder died)."""
+        wait_s = self.state.lock_ttl_s(conversation_id)
+        if wait_s > 0:
+            self.state.request_rerun(conversation_id)
+            self.enqueue_summarize(conversation_id, revision, wait_s + LOCK_RETRY_MARGIN_S)
+            return "deferred"
+        self.enqueue_summarize(conversation_id, revision, 0.0)
+        return "queued"
 
     def _parse(self, conversation_id: str, work: Work) -> ParsedSnapshot | str:
         """The snapshot with published compactions applied, or an outcome when there is none."""
@@ -152,11 +153,7 @@ class Service:
         lease_s = self.settings.redis.lock_lease_s
         token = self.state.acquire_lock(conversation_id, lease_s)
         if token is None:
-            return (
-                "deferred"
-                if self._defer_if_locked(conversation_id)
-                else self._retry_later(conversation_id)
-            )
+            return self._hand_to_summarize(conversation_id, revision)
         try:
             with self.state.lease(conversation_id, token, lease_s) as lost:
                 return self._compact_locked(conversation_id, token, lost.is_set)
@@ -168,10 +165,6 @@ class Service:
             self.state.release_lock(conversation_id, token)
             if self.state.take_rerun(conversation_id):
                 self.enqueue_evaluate(conversation_id)
-
-    def _retry_later(self, conversation_id: str) -> Outcome:
-        self.enqueue_evaluate(conversation_id)
-        return "deferred"
 
     def _compact_locked(
         self, conversation_id: str, token: str, lease_lost: Callable[[], bool]

@@ -46,8 +46,8 @@ def _build(settings: Settings) -> Service:
         state=state,
         store=TranscriptStore(settings.compaction.transcript_dir),
         llm=llm_summarizer(settings),
-        enqueue_summarize=lambda conv, rev: summarize.apply_async(
-            args=[conv, rev], queue=SUMMARIZE_QUEUE
+        enqueue_summarize=lambda conv, rev, delay_s: summarize.apply_async(
+            args=[conv, rev], queue=SUMMARIZE_QUEUE, countdown=delay_s or None
         ),
         enqueue_evaluate=lambda conv: evaluate.apply_async(
             args=[conv, time.time()], queue=EVALUATE_QUEUE
