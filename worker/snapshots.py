@@ -83,8 +83,9 @@ def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) ->
             "messages", f"{len(snapshot.messages)} messages; the limit is {limits.max_messages}"
         )
     effective = _effective_settings(settings, snapshot)
-    messages = formats.to_messages(snapshot.format, snapshot.messages, system=snapshot.system)
     ids = formats.source_ids(snapshot.messages)
+    messages = formats.to_messages(snapshot.format, snapshot.messages, system=snapshot.system,
+                                   ids=ids)
     return ParsedSnapshot(snapshot=snapshot, messages=messages, source_ids=ids, settings=effective)
 
 

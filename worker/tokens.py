@@ -135,6 +135,9 @@ class Tokenizer(Protocol):
     def count(self, text: str) -> int: ...
 
 
+SHORT_TEXT_CHARS = 256
+
+
 class TiktokenTokenizer:
     """Exact counts with a bounded per-text cache keyed by content hash.
 
@@ -145,6 +148,8 @@ class TiktokenTokenizer:
         self.name = encoding_name_for_model(model)
         self._encoding = get_encoding(self.name)
         self._cache: ContentCache[int] = ContentCache(cache_size)
+        self._short: dict[str, int] = {}  # dict reads and writes are atomic under the GIL
+        self._short_max = cache_size
 
     @property
     def misses(self) -> int:
@@ -154,8 +159,13 @@ class TiktokenTokenizer:
         return len(self._encoding.encode(text, disallowed_special=()))
 
     def count(self, text: str) -> int:
-        if len(text) < 64:  # hashing costs about as much as encoding for short texts
-            return self._encode_len(text)
+        if len(text) <= SHORT_TEXT_CHARS:  # roles, names, small arguments: key by the text itself
+            n = self._short.get(text)
+            if n is None:
+                n = self._encode_len(text)
+                if len(self._short) < self._short_max:
+                    self._short[text] = n
+            return n
         return self._cache.get_or_compute(content_key(text), lambda: self._encode_len(text))
 
 

@@ -39,9 +39,14 @@ def source_ids(raw_messages: list[dict[str, Any]]) -> list[str]:
 
 
 def to_messages(
-    fmt: WireFormat, raw_messages: list[dict[str, Any]], *, system: Any = None
+    fmt: WireFormat,
+    raw_messages: list[dict[str, Any]],
+    *,
+    system: Any = None,
+    ids: list[str] | None = None,
 ) -> list[Message]:
-    ids = source_ids(raw_messages)
+    """Validate and normalize; ``ids`` are the wire messages' ids when already computed."""
+    ids = source_ids(raw_messages) if ids is None else ids
     messages: list[Message] = _MODULES[fmt].to_messages(raw_messages, ids, system=system)
     check_tool_pairing(messages)
     return messages
