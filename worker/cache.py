@@ -22,12 +22,12 @@ def content_key(*parts: str) -> bytes:
 
 class ContentCache(Generic[V]):
     def __init__(self, max_entries: int) -> None:
-        self._data: OrderedDict[bytes, V] = OrderedDict()
+        self._data: OrderedDict[str | bytes, V] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
         self.misses = 0
 
-    def get_or_compute(self, key: bytes, compute: Callable[[], V]) -> V:
+    def get_or_compute(self, key: str | bytes, compute: Callable[[], V]) -> V:
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)

@@ -148,8 +148,6 @@ class TiktokenTokenizer:
         self.name = encoding_name_for_model(model)
         self._encoding = get_encoding(self.name)
         self._cache: ContentCache[int] = ContentCache(cache_size)
-        self._short: dict[str, int] = {}  # dict reads and writes are atomic under the GIL
-        self._short_max = cache_size
 
     @property
     def misses(self) -> int:
@@ -159,14 +157,9 @@ class TiktokenTokenizer:
         return len(self._encoding.encode(text, disallowed_special=()))
 
     def count(self, text: str) -> int:
-        if len(text) <= SHORT_TEXT_CHARS:  # roles, names, small arguments: key by the text itself
-            n = self._short.get(text)
-            if n is None:
-                n = self._encode_len(text)
-                if len(self._short) < self._short_max:
-                    self._short[text] = n
-            return n
-        return self._cache.get_or_compute(content_key(text), lambda: self._encode_len(text))
+        # Short texts (roles, names, small arguments) are their own key: cheaper than a digest.
+        key: str | bytes = text if len(text) <= SHORT_TEXT_CHARS else content_key(text)
+        return self._cache.get_or_compute(key, lambda: self._encode_len(text))
 
 
 class CharEstimateTokenizer:
