@@ -1,0 +1,248 @@
+"""Horizontal scaling: evaluations per second with 1 and 2 worker processes, beside the
+throughput of a no-op Celery task on the same Redis in the same run (the floor); end-to-end
+latency from submit to event; and the cost of re-evaluating a grown conversation.
+
+    .venv/bin/python bench/scaling_bench.py [--snapshots 400] [--redis-url URL]
+
+Each worker process is a ``celery worker --pool solo`` (one process executing tasks). Every
+snapshot is a distinct conversation under its threshold, so each costs one full evaluation
+(parse, project, count exactly, publish ``compaction.skipped``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import redis  # noqa: E402
+
+from worker.celery_app import make_app  # noqa: E402
+from worker.client import Client  # noqa: E402
+from worker.config import Settings, load_settings, with_redis_url  # noqa: E402
+from worker.embedded import EmbeddedRedis  # noqa: E402
+from worker.pipeline import evaluate, tokenizer_of  # noqa: E402
+from worker.snapshots import parse_snapshot  # noqa: E402
+from worker.tokens import TiktokenTokenizer  # noqa: E402
+
+
+def snapshot(conversation_id: str, n_messages: int, *, revision: int = 1) -> dict[str, Any]:
+    """A realistic coding conversation of ``n_messages`` messages (~120 tokens each)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    k = 0
+    while len(messages) < n_messages:
+        cid = f"call_{k}"
+        messages.append({"role": "assistant", "content": f"Looking at module {k}.",
+                         "tool_calls": [{"id": cid, "type": "function", "function": {
+                             "name": "bash",
+                             "arguments": json.dumps({"command": f"sed -n '1,40p' src/m{k}.py"})}}]})
+        body = "\n".join(f"{i:4}\tdef f{k}_{i}(x): return x * {i}  # {conversation_id}"
+                         for i in range(12))
+        messages.append({"role": "tool", "tool_call_id": cid, "content": body})
+        k += 1
+    return {"conversation_id": conversation_id, "revision": revision,
+            "model": {"name": "gpt-4.1", "context_window": 10_000_000},
+            "messages": messages[:n_messages]}
+
+
+def start_workers(n: int, app: str, queue: str, env: dict[str, str], logs: Path) -> list[Any]:
+    procs = []
+    for i in range(n):
+        cmd = [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queue, "--pool",
+               "solo", "-n", f"bench{i}-{queue}@%h", "--without-mingle", "--without-gossip",
+               "--loglevel", "WARNING"]
+        with (logs / f"{app}-{queue}-{i}.log").open("ab") as out:
+            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT / "bench" if app == "noop_app"
+                                          else ROOT, stdout=out, stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_ready(settings: Settings, n: int) -> None:
+    app = make_app(settings)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if len(app.control.ping(timeout=0.5) or []) >= n:
+            app.close()
+            return
+    app.close()
+    raise SystemExit("workers did not start")
+
+
+def stop(procs: list[Any]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=30)
+
+
+def run_evaluations(settings: Settings, env: dict[str, str], logs: Path, workers: int,
+                    size: int, count: int, tag: str) -> float:
+    client = Client(settings)
+    snaps = [json.dumps(snapshot(f"{tag}-{i}", size)).encode() for i in range(count)]
+    r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
+    procs = start_workers(workers, "worker", "compactor.evaluate", env, logs)
+    wait_ready(settings, workers)
+    t0 = time.perf_counter()
+    for s in snaps:
+        client.submit(s)
+    _wait_handled(r, tag, count, 1)
+    elapsed = time.perf_counter() - t0
+    stop(procs)
+    client.close()
+    r.close()
+    return count / elapsed
+
+
+def run_growing(settings: Settings, env: dict[str, str], logs: Path, workers: int,
+                size: int, count: int, rounds: int, tag: str) -> float:
+    """Steady state: ``count`` conversations, each submitted ``rounds`` times, every snapshot
+    two messages longer than the one before (an agent submitting after each turn)."""
+    client = Client(settings)
+    r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
+    procs = start_workers(workers, "worker", "compactor.evaluate", env, logs)
+    wait_ready(settings, workers)
+    rounds_payloads = [[json.dumps(snapshot(f"{tag}-{i}", size - 2 * (rounds - k), revision=k))
+                        .encode() for i in range(count)] for k in range(rounds + 1)]
+    for payload in rounds_payloads[0]:  # warm-up round, not timed
+        client.submit(payload)
+    _wait_handled(r, tag, count, 0)
+    t0 = time.perf_counter()
+    for k in range(1, rounds + 1):
+        for payload in rounds_payloads[k]:
+            client.submit(payload)
+        _wait_handled(r, tag, count, k)
+    elapsed = time.perf_counter() - t0
+    stop(procs)
+    client.close()
+    r.close()
+    return count * rounds / elapsed
+
+
+def _wait_handled(r: Any, tag: str, count: int, revision: int) -> None:
+    while True:
+        values = r.mget([f"cw:handled:{tag}-{i}" for i in range(count)])
+        if all(v is not None and int(v) >= revision for v in values):
+            return
+        time.sleep(0.005)
+
+
+def run_noop(settings: Settings, env: dict[str, str], logs: Path, workers: int,
+             count: int) -> float:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import noop_app
+
+    r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
+    procs = start_workers(workers, "noop_app", "bench.noop", {**env, "PYTHONPATH": str(ROOT)},
+                          logs)
+    wait_ready(settings, workers)
+    t0 = time.perf_counter()
+    for i in range(count):
+        noop_app.noop.apply_async(args=[f"n{i}", time.time()], queue="bench.noop")
+    while any(r.llen(k) for k in r.scan_iter(match="bench.noop*")) or _unacked(r):
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - t0
+    stop(procs)
+    r.close()
+    return count / elapsed
+
+
+def _unacked(r: Any) -> int:
+    return int(r.zcard("unacked_index") or 0)
+
+
+def latency(settings: Settings, env: dict[str, str], logs: Path, n: int) -> list[float]:
+    client = Client(settings)
+    procs = start_workers(1, "worker", "compactor.evaluate", env, logs)
+    wait_ready(settings, 1)
+    out = []
+    for i in range(n):
+        conv = f"lat-{i}"
+        t0 = time.perf_counter()
+        client.submit(snapshot(conv, 50))
+        while True:
+            if client.state.read_events(conv, block_ms=1000):
+                break
+        out.append((time.perf_counter() - t0) * 1000)
+    stop(procs)
+    client.close()
+    return out
+
+
+def regrowth(size: int, grow: int) -> tuple[float, float, float]:
+    """ms to evaluate a conversation cold; the same grown by ``grow`` messages in a warm
+    process; and the grown one cold."""
+    base, grown = snapshot("g", size), snapshot("g", size + grow, revision=2)
+
+    def timed(snap: dict[str, Any], fresh: bool) -> float:
+        import worker.tokens as tokens
+
+        if fresh:
+            tokens._tokenizers.clear()
+        parsed = parse_snapshot(snap, Settings())
+        t0 = time.perf_counter()
+        evaluate(parsed, tokenizer_of(parsed))
+        return (time.perf_counter() - t0) * 1000
+
+    TiktokenTokenizer("gpt-4.1")  # load the encoding outside the timings
+    cold = statistics.median(timed(base, True) for _ in range(5))
+    warm_grown = []
+    for _ in range(5):
+        timed(base, True)
+        warm_grown.append(timed(grown, False))
+    cold_grown = statistics.median(timed(grown, True) for _ in range(5))
+    return cold, statistics.median(warm_grown), cold_grown
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--snapshots", type=int, default=400)
+    parser.add_argument("--redis-url")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        embedded = None
+        url = args.redis_url
+        if url is None:
+            embedded = EmbeddedRedis(directory=Path(tmp))
+            url = embedded.start()
+        env = {**os.environ, "COMPACTOR_REDIS_URL": url, "PYTHONPATH": str(ROOT),
+               "COMPACTOR_TRANSCRIPT_DIR": str(Path(tmp) / "t"), "COMPACTOR_CONFIG": "/dev/null"}
+        settings = with_redis_url(load_settings("/dev/null", environ={}), url)
+        logs = Path(tmp)
+        try:
+            for size, count in ((50, args.snapshots), (500, max(args.snapshots // 5, 20))):
+                for workers in (1, 2):
+                    floor = run_noop(settings, env, logs, workers, count)
+                    cold = run_evaluations(settings, env, logs, workers, size, count,
+                                           f"s{size}w{workers}")
+                    grown = run_growing(settings, env, logs, workers, size, count // 10, 10,
+                                        f"g{size}w{workers}")
+                    print(f"{size:4}-message snapshots, {workers} worker process(es): "
+                          f"no-op floor {floor:7.1f} tasks/s; new conversations "
+                          f"{cold:6.1f}/s ({cold / floor:.2f} of floor); growing conversations "
+                          f"{grown:6.1f}/s ({grown / floor:.2f} of floor)", flush=True)
+            lat = latency(settings, env, logs, 100)
+            q = statistics.quantiles(lat, n=100)
+            print(f"submit -> skipped event, 50 messages, idle system (ms): p50 {q[49]:.1f}, "
+                  f"p99 {q[98]:.1f}")
+            cold, warm, cold_grown = regrowth(500, 10)
+            print(f"evaluate 500 messages cold {cold:.1f} ms; grown by 10 in a warm process "
+                  f"{warm:.1f} ms; the grown one cold {cold_grown:.1f} ms "
+                  f"(warm/cold {warm / cold_grown:.2f})")
+        finally:
+            if embedded is not None:
+                embedded.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
