@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -85,54 +86,64 @@ def stop(procs: list[Any]) -> None:
         p.wait(timeout=30)
 
 
-def run_evaluations(settings: Settings, env: dict[str, str], logs: Path, workers: int,
-                    size: int, count: int, tag: str) -> float:
-    client = Client(settings)
-    snaps = [json.dumps(snapshot(f"{tag}-{i}", size)).encode() for i in range(count)]
-    r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
-    procs = start_workers(workers, "worker", "compactor.evaluate", env, logs)
-    wait_ready(settings, workers)
+def _queue_length(r: Any, queue: str) -> int:
+    return sum(int(r.llen(k)) for k in r.scan_iter(match=f"{queue}*") if r.type(k) == b"list")
+
+
+def _drain_rate(r: Any, queue: str, count: int, start: Any, done: Any) -> float:
+    """The queue is full before the workers start; time from the first message taken to the
+    last one done: the workers' own throughput, without submitting or start-up in it."""
+    procs = start()
+    while _queue_length(r, queue) >= count:
+        time.sleep(0.001)
     t0 = time.perf_counter()
-    for s in snaps:
-        client.submit(s)
-    _wait_handled(r, tag, count, 1)
+    while not done():
+        time.sleep(0.002)
     elapsed = time.perf_counter() - t0
     stop(procs)
-    client.close()
-    r.close()
     return count / elapsed
 
 
-def run_growing(settings: Settings, env: dict[str, str], logs: Path, workers: int,
-                size: int, count: int, rounds: int, tag: str) -> float:
-    """Steady state: ``count`` conversations, each submitted ``rounds`` times, every snapshot
-    two messages longer than the one before (an agent submitting after each turn)."""
+def run_evaluations(settings: Settings, env: dict[str, str], logs: Path, workers: int,
+                    size: int, count: int, tag: str, *, grown_by: int = 0) -> float:
+    """Evaluations per second: new conversations (``grown_by`` = 0), or conversations each
+    evaluated before (by the same processes: their caches are warm) and now ``grown_by``
+    messages longer (an agent's next turn)."""
     client = Client(settings)
     r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
-    procs = start_workers(workers, "worker", "compactor.evaluate", env, logs)
-    wait_ready(settings, workers)
-    rounds_payloads = [[json.dumps(snapshot(f"{tag}-{i}", size - 2 * (rounds - k), revision=k))
-                        .encode() for i in range(count)] for k in range(rounds + 1)]
-    for payload in rounds_payloads[0]:  # warm-up round, not timed
-        client.submit(payload)
-    _wait_handled(r, tag, count, 0)
-    t0 = time.perf_counter()
-    for k in range(1, rounds + 1):
-        for payload in rounds_payloads[k]:
-            client.submit(payload)
-        _wait_handled(r, tag, count, k)
-    elapsed = time.perf_counter() - t0
-    stop(procs)
+    queue = "compactor.evaluate"
+    procs: list[Any] = []
+    if grown_by:  # warm-up: the workers stay up, paused, while the queue is refilled
+        procs = start_workers(workers, "worker", queue, env, logs)
+        wait_ready(settings, workers)
+        for i in range(count):
+            client.submit(json.dumps(snapshot(f"{tag}-{i}", size - grown_by, revision=0)).encode())
+        _wait_handled(r, tag, count, 0)
+        for p in procs:
+            p.send_signal(signal.SIGSTOP)
+    for i in range(count):
+        client.submit(json.dumps(snapshot(f"{tag}-{i}", size, revision=1)).encode())
+
+    def start() -> list[Any]:
+        if procs:
+            for p in procs:
+                p.send_signal(signal.SIGCONT)
+            return procs
+        return start_workers(workers, "worker", queue, env, logs)
+
+    rate = _drain_rate(r, queue, count, start, lambda: _all_handled(r, tag, count, 1))
     client.close()
     r.close()
-    return count * rounds / elapsed
+    return rate
+
+
+def _all_handled(r: Any, tag: str, count: int, revision: int) -> bool:
+    values = r.mget([f"cw:handled:{tag}-{i}" for i in range(count)])
+    return all(v is not None and int(v) >= revision for v in values)
 
 
 def _wait_handled(r: Any, tag: str, count: int, revision: int) -> None:
-    while True:
-        values = r.mget([f"cw:handled:{tag}-{i}" for i in range(count)])
-        if all(v is not None and int(v) >= revision for v in values):
-            return
+    while not _all_handled(r, tag, count, revision):
         time.sleep(0.005)
 
 
@@ -141,19 +152,21 @@ def run_noop(settings: Settings, env: dict[str, str], logs: Path, workers: int,
     sys.path.insert(0, str(ROOT / "bench"))
     import noop_app
 
+    del settings
     r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
-    procs = start_workers(workers, "noop_app", "bench.noop", {**env, "PYTHONPATH": str(ROOT)},
-                          logs)
-    wait_ready(settings, workers)
-    t0 = time.perf_counter()
     for i in range(count):
         noop_app.noop.apply_async(args=[f"n{i}", time.time()], queue="bench.noop")
-    while any(r.llen(k) for k in r.scan_iter(match="bench.noop*")) or _unacked(r):
-        time.sleep(0.01)
-    elapsed = time.perf_counter() - t0
-    stop(procs)
+
+    def start() -> list[Any]:
+        return start_workers(workers, "noop_app", "bench.noop", {**env, "PYTHONPATH": str(ROOT)},
+                             logs)
+
+    def done() -> bool:
+        return _queue_length(r, "bench.noop") == 0 and not _unacked(r)
+
+    rate = _drain_rate(r, "bench.noop", count, start, done)
     r.close()
-    return count / elapsed
+    return rate
 
 
 def _unacked(r: Any) -> int:
@@ -216,16 +229,17 @@ def main() -> int:
             url = embedded.start()
         env = {**os.environ, "COMPACTOR_REDIS_URL": url, "PYTHONPATH": str(ROOT),
                "COMPACTOR_TRANSCRIPT_DIR": str(Path(tmp) / "t"), "COMPACTOR_CONFIG": "/dev/null"}
+        os.environ["COMPACTOR_REDIS_URL"] = url  # bench/noop_app.py reads it when imported
         settings = with_redis_url(load_settings("/dev/null", environ={}), url)
         logs = Path(tmp)
         try:
             for size, count in ((50, args.snapshots), (500, max(args.snapshots // 5, 20))):
                 for workers in (1, 2):
-                    floor = run_noop(settings, env, logs, workers, count)
+                    floor = run_noop(settings, env, logs, workers, count * 5)
                     cold = run_evaluations(settings, env, logs, workers, size, count,
                                            f"s{size}w{workers}")
-                    grown = run_growing(settings, env, logs, workers, size, count // 10, 10,
-                                        f"g{size}w{workers}")
+                    grown = run_evaluations(settings, env, logs, workers, size, count,
+                                            f"g{size}w{workers}", grown_by=2)
                     print(f"{size:4}-message snapshots, {workers} worker process(es): "
                           f"no-op floor {floor:7.1f} tasks/s; new conversations "
                           f"{cold:6.1f}/s ({cold / floor:.2f} of floor); growing conversations "
