@@ -250,7 +250,7 @@ def delegating_session() -> dict[str, Any]:
     return {
         "conversation_id": "demo-delegation-1",
         "revision": len(messages),
-        "model": {"name": "claude-sonnet-4", "context_window": 5000},
+        "model": {"name": "claude-sonnet-4", "context_window": 2400},
         "format": "anthropic",
         "system": "You are an agent that delegates audits to sub-agents.",
         "messages": messages,
