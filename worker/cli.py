@@ -65,7 +65,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     parsed = parse_snapshot(
         _read_input(args.snapshot, settings.compaction.max_snapshot_bytes), settings
     )
-    llm = llm_summarizer(parsed.settings)
+    llm = llm_summarizer(settings)  # the operator's choice, as in the worker
     try:
         events = run_pipeline(
             parsed,

@@ -24,7 +24,9 @@ EventType = Literal[
     "compaction.rejected",
     "tool_results.elided",
 ]
-MAX_REVISION = 10**18 - 1  # 18 digits: transcript names sort by zero-padded revision
+# 2**53 - 1: exact in JSON numbers everywhere and in Redis' Lua (doubles). Transcript names
+# carry it zero-padded to 18 digits, so they sort by revision.
+MAX_REVISION = 2**53 - 1
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9_:\-][A-Za-z0-9._:\-]{0,127}$"
 
 

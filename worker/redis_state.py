@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from worker import keys
 from worker.config import RedisConfig
-from worker.errors import LeaseLost, RedisUnavailable, TransientError
+from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
 from worker.models import CompactionEvent
 
 RECENT_MAXLEN = 1000
@@ -38,6 +38,9 @@ def redis_errors(action: str) -> Iterator[None]:
         yield
     except redis.exceptions.NoScriptError:
         raise
+    except redis.exceptions.AuthenticationError:
+        raise ConfigError("redis.url", "Redis refused the credentials (check the password or "
+                          "ACL user in COMPACTOR_REDIS_URL)") from None
     except (
         redis.exceptions.ConnectionError,
         redis.exceptions.TimeoutError,

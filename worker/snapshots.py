@@ -24,6 +24,8 @@ OPERATOR_ONLY = frozenset(
     {"transcript_dir", "max_snapshot_bytes", "max_messages", "max_persisted_transcripts"}
 )
 # json's C parser raises RecursionError on absurd nesting (~1,000 levels), reported as such.
+# Cost bounds a snapshot may lower but never raise.
+LOWER_ONLY = frozenset({"summary_max_input_chars", "summary_max_output_tokens"})
 MAX_JSON_DEPTH = 1000
 
 
@@ -58,8 +60,10 @@ def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
         raise InvalidSnapshot(
             "", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
-    except RecursionError:
+    except RecursionError:  # json's C parser refuses absurd nesting (about 1,000 levels)
         raise InvalidSnapshot("", "JSON nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+        raise InvalidSnapshot("", f"malformed JSON: {exc}") from None
     return value
 
 
@@ -104,6 +108,12 @@ def _effective_settings(settings: Settings, snapshot: Snapshot) -> Settings:
     denied = OPERATOR_ONLY & set(snapshot.config)
     if denied:
         raise InvalidSnapshot(f"config.{sorted(denied)[0]}", "only the operator may set this")
+    for key in LOWER_ONLY & set(snapshot.config):
+        limit = getattr(settings.compaction, key)
+        value = snapshot.config[key]
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            reason = f"may only lower the operator's limit of {limit}"
+            raise InvalidSnapshot(f"config.{key}", reason)
     try:
         return settings.with_overrides(snapshot.config, snapshot.tools)
     except ConfigError as exc:

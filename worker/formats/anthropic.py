@@ -55,6 +55,8 @@ def _texts(blocks: Any, where: str, *, allow: tuple[str, ...]) -> str:
     texts = []
     for k, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
+        if not isinstance(kind, str):
+            raise InvalidSnapshot(f"{where}[{k}].type", "a content block needs a string 'type'")
         if kind == "text":
             if not isinstance(block.get("text"), str):
                 raise InvalidSnapshot(f"{where}[{k}].text", "must be a string")

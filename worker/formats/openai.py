@@ -38,7 +38,7 @@ def to_messages(
 def _message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:
     where = f"messages[{index}]"
     role = raw.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise InvalidSnapshot(f"{where}.role", f"unknown role {role!r}")
     content = _text(raw.get("content"), f"{where}.content")
     reasoning = raw.get("reasoning_content") or raw.get("reasoning") or ""
