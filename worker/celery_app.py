@@ -45,7 +45,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "compactions are delivered twice",
         )
     url = broker_url(settings)
-    transport: dict[str, Any] = {"visibility_timeout": settings.redis.visibility_timeout_s}
+    transport: dict[str, Any] = {
+        "visibility_timeout": settings.redis.visibility_timeout_s,
+        # Sweep for messages of dead workers every 10 s (kombu's default is every 100 s);
+        # only messages unacknowledged for longer than the visibility timeout are restored.
+        "unacked_restore_interval": 10,
+        "unacked_restore_throttle": 1,
+    }
     config: dict[str, Any] = {
         "broker_url": url,
         "broker_transport_options": transport,

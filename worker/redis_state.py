@@ -107,6 +107,15 @@ local payload = redis.call('GET', ARGV[1] .. latest)
 return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1)}
 """
 
+_SETTLE = """
+local latest = redis.call('GET', KEYS[1])
+if (ARGV[1] == '' and not latest) or (ARGV[1] ~= '' and latest and
+    tonumber(latest) <= tonumber(ARGV[1])) then
+  return redis.call('ZREM', KEYS[2], ARGV[2])
+end
+return 0
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -151,6 +160,7 @@ class RedisState:
         self._publish = client.register_script(_PUBLISH)
         self._renew = client.register_script(_RENEW)
         self._take = client.register_script(_TAKE)
+        self._settle = client.register_script(_SETTLE)
         self._release = client.register_script(_RELEASE)
 
     # --- snapshots ---------------------------------------------------------------------------
@@ -336,9 +346,12 @@ class RedisState:
             )
         return [_text(m) for m in members]
 
-    def forget_pending(self, conversation_id: str) -> None:
+    def settle_pending(self, conversation_id: str, revision: int | None) -> None:
+        """Stop reconciling the conversation: its ``revision`` has a final outcome (or, with
+        None, its snapshot expired) and nothing newer was submitted meanwhile."""
         with redis_errors("updating pending conversations"):
-            self.client.zrem(keys.PENDING, conversation_id)
+            self._settle(keys=[keys.latest(conversation_id), keys.PENDING],
+                         args=["" if revision is None else revision, conversation_id])
 
     def touch_pending(self, conversation_id: str) -> None:
         with redis_errors("updating pending conversations"):

@@ -77,7 +77,7 @@ class Service:
     def evaluate(self, conversation_id: str, *, submitted_at: float | None = None) -> Outcome:
         work = self.state.take_work(conversation_id)
         if not work.pending:
-            return "expired" if work.latest is None else "superseded"
+            return self._nothing_to_do(conversation_id, work)
         counters = {"snapshots_evaluated_total": 1.0}
         if submitted_at is not None:
             counters["queue_lag_seconds_total"] = max(time.time() - submitted_at, 0.0)
@@ -109,10 +109,17 @@ class Service:
         self.enqueue_summarize(conversation_id, revision, 0.0)
         return "queued"
 
+    def _nothing_to_do(self, conversation_id: str, work: Work) -> Outcome:
+        if work.latest is None:  # the snapshot expired: the reconciler has nothing to retry
+            self.state.settle_pending(conversation_id, None)
+            return "expired"
+        return "superseded"
+
     def _parse(self, conversation_id: str, work: Work) -> ParsedSnapshot | str:
         """The snapshot with published compactions applied, or an outcome when there is none."""
         assert work.latest is not None
         if work.payload is None:
+            self.state.settle_pending(conversation_id, work.latest)
             return "expired"
         try:
             parsed = parse_snapshot(work.payload, self.settings)
@@ -158,8 +165,10 @@ class Service:
             with self.state.lease(conversation_id, token, lease_s) as lost:
                 return self._compact_locked(conversation_id, token, lost.is_set)
         except LeaseLost:
+            # Not published; evaluate again: either the new holder has it, or it is ours again.
             log.warning("lease lost on %s; not publishing", conversation_id)
             self.state.incr("leases_lost_total")
+            self.enqueue_evaluate(conversation_id)
             return "lease_lost"
         finally:
             self.state.release_lock(conversation_id, token)
@@ -171,7 +180,7 @@ class Service:
     ) -> Outcome:
         work = self.state.take_work(conversation_id)
         if not work.pending:
-            return "expired" if work.latest is None else "superseded"
+            return self._nothing_to_do(conversation_id, work)
         latest = work.latest
         parsed = self._parse(conversation_id, work)
         if isinstance(parsed, str):
@@ -192,8 +201,11 @@ class Service:
         self._count(event, time.monotonic() - started)
         if lease_lost():
             raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
-        handled_revision = latest if event.type != "compaction.failed" else None
-        status = self.state.publish(event, fencing_token=token, handled_revision=handled_revision)
+        failed = event.type == "compaction.failed"
+        status = self.state.publish(event, fencing_token=token,
+                                    handled_revision=None if failed else latest)
+        if failed:  # reported; not retried by the reconciler (a new submission retries it)
+            self.state.settle_pending(conversation_id, latest)
         if status == "duplicate":
             return "duplicate"
         return (

@@ -105,6 +105,16 @@ class TranscriptStore:
                 )
         return sorted(found, key=lambda t: (t.conversation_id, t.path.name))
 
+    def _stale_temporaries(self, now: float) -> list[Path]:
+        stale = []
+        for directory in _subdirs(self.root):
+            for entry in _entries(directory):
+                if entry.name.startswith(".tmp-"):
+                    with contextlib.suppress(FileNotFoundError):
+                        if now - entry.stat().st_mtime > STALE_TEMPORARY_S:
+                            stale.append(Path(entry.path))
+        return stale
+
     def enforce_count(
         self, conversation_id: str, keep: int | None, *, protect: Path | None = None
     ) -> list[Path]:
@@ -138,6 +148,7 @@ class TranscriptStore:
                 )
         if max_age_s is not None:
             doomed.update((t.path, None) for t in items if current - t.mtime > max_age_s)
+        doomed.update((p, None) for p in self._stale_temporaries(current))
         if max_total_bytes is not None:
             survivors = sorted((t for t in items if t.path not in doomed), key=lambda t: t.mtime)
             total = sum(t.bytes for t in survivors)
@@ -147,6 +158,9 @@ class TranscriptStore:
                 doomed[t.path] = None
                 total -= t.bytes
         return list(doomed) if dry_run else _remove_all(list(doomed))
+
+
+STALE_TEMPORARY_S = 3600  # a writer killed mid-write leaves its temporary file behind
 
 
 def _make_dirs(directory: Path, root: Path) -> None:

@@ -1,0 +1,281 @@
+"""Worker faults against real processes: SIGKILL mid-summary (repeatedly, under a stream of
+snapshots), SIGTERM during work, and a worker paused (SIGSTOP) past its lock lease.
+
+Each test runs its own Redis (own port and directory, AOF on), worker subprocesses started with
+``celery -A worker worker`` and the stand-in LLM, and ends with the consistency check of
+:func:`fault_support.check_consistency`.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+from fault_support import (  # noqa: F401 - fixtures
+    EVALUATE_QUEUES,
+    SUMMARIZE_QUEUE,
+    attribution,
+    check_consistency,
+    llm_section,
+    make_cluster_fixture,
+    reconcile_until,
+    requests_for,
+    tagged,
+    wait_until,
+)
+
+from worker.testing.standin_llm import Fault, StandinLLM
+
+pytestmark = pytest.mark.slow
+
+KILL_LATENCY_S = 0.5  # every LLM call takes this long, so a kill lands mid-summary
+ROUNDS = 6
+KILL_ROUNDS = (1, 2, 3)  # early: the later rounds overlap the visibility timeout
+SUMMARY_CONCURRENCY = 2
+
+
+def test_sigkill_mid_summary_repeatedly_loses_nothing(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Every conversation reaches its outcome; no revision gets two compactions; transcripts are
+    whole; each kill costs at most one extra LLM call per conversation it interrupted, and no
+    call is wasted otherwise; redelivered messages change nothing."""
+    with StandinLLM(latency_s=KILL_LATENCY_S) as llm:
+        visibility_s = 5
+        cluster = make_cluster(
+            {
+                "compaction": {"mode": "remote_only"},
+                "llm": llm_section(llm.openai_base_url, timeout_s=3.0, deadline_s=3.5),
+                "redis": {"visibility_timeout_s": visibility_s, "lock_lease_s": 1.5},
+                "worker": {"summarize_time_limit_s": 4.0, "reconcile_after_s": 2.0},
+            }
+        )
+        workers = cluster.workers
+        workers.start("eval", queues=EVALUATE_QUEUES, concurrency=4)
+        workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=SUMMARY_CONCURRENCY)
+        convs = [f"c-kill{i}" for i in range(4)]
+        submitted: dict[str, dict[int, dict]] = {c: {} for c in convs}  # type: ignore[type-arg]
+        kills: list[tuple[float, float]] = []  # (held from, killed at)
+        for rnd in range(ROUNDS):
+            for conv in convs:
+                submitted[conv][rnd] = snap = tagged(conv, rnd)
+                cluster.client.submit(snap)
+            if rnd in KILL_ROUNDS:
+                llm.hold()  # calls now wait for their answer: the kill lands mid-summary
+                held_at = time.monotonic()
+                wait_until(
+                    lambda: llm.stats()["in_flight"] > 0,
+                    timeout_s=10,
+                    what="a summary in flight to kill",
+                )
+                workers.stop("sum", sig=signal.SIGKILL)
+                kills.append((held_at, time.monotonic()))
+                llm.release()
+                workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=SUMMARY_CONCURRENCY)
+            else:
+                time.sleep(0.7)
+
+        # The killed worker's tasks are unacknowledged until the visibility timeout; the
+        # reconciler (scheduled by beat; run here on demand) re-queues what still waits.
+        newest = ROUNDS - 1
+        reconcile_until(
+            cluster,
+            lambda: all(cluster.outcome(c, newest) for c in convs),
+            timeout_s=30,
+            what="every conversation's newest revision",
+        )
+
+        # Redelivery: a worker that starts after the visibility timeout restores the killed
+        # worker's unacknowledged messages. They must find their work done: no LLM call, no event.
+        time.sleep(max(0.0, kills[-1][1] + visibility_s + 0.5 - time.monotonic()))
+        calls_before = len(llm.requests)
+        events_before = {c: len(cluster.events(c)) for c in convs}
+        # kombu's hash of delivered, unacknowledged messages: at least the last kill's (earlier
+        # ones may have been restored already, by a restart after their visibility timeout)
+        assert cluster.raw.hlen("unacked") >= 1, "a kill strands the message it was running"
+        workers.stop("sum")
+        workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=SUMMARY_CONCURRENCY)
+        wait_until(
+            lambda: cluster.raw.hlen("unacked") == 0,
+            timeout_s=10,
+            what="the killed workers' messages to be redelivered and acknowledged",
+        )
+        time.sleep(1.0)
+        assert len(llm.requests) == calls_before, "a redelivered task called the LLM again"
+        assert {c: len(cluster.events(c)) for c in convs} == events_before
+
+        completed = check_consistency(cluster, submitted)
+        published = {(c, e.revision) for c, done in completed.items() for e in done}
+        failed = [
+            (e.conversation_id, e.revision, e.error)
+            for c in convs
+            for e in cluster.events(c)
+            if e.type == "compaction.failed"
+        ]
+        assert not failed, failed
+        assert all(
+            e.compaction.summary.source == "llm" and e.compaction.summary.chunks == 1
+            for done in completed.values()
+            for e in done
+        )
+
+        # Every LLM call produced a published compaction, except calls a kill interrupted.
+        requests = sorted(llm.requests, key=lambda r: r.received_at)
+        tagged_requests = [(attribution(r), r.received_at) for r in requests]
+        assert all(tag is not None for tag, _ in tagged_requests)
+        last_call = {tag: at for tag, at in tagged_requests}  # the one that may have published
+        wasted = [
+            (tag, at) for tag, at in tagged_requests if tag not in published or at != last_call[tag]
+        ]
+        per_kill: Counter[tuple[int, str]] = Counter()
+        for tag, at in wasted:
+            killer = [
+                k
+                for k, (held_at, kill_at) in enumerate(kills)
+                if held_at - KILL_LATENCY_S - 0.5 <= at <= kill_at
+            ]
+            assert killer, f"LLM call for {tag} at {at:.2f} wasted, but no kill interrupted it"
+            assert tag is not None
+            per_kill[(killer[-1], tag[0])] += 1
+        assert all(n == 1 for n in per_kill.values()), per_kill
+        assert len(wasted) <= len(kills) * SUMMARY_CONCURRENCY
+        interrupted = {k for k, _ in per_kill}
+        assert interrupted == set(range(len(kills))), "a kill did not land mid-summary"
+
+
+def test_sigterm_during_a_summary_finishes_it_then_exits(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Warm shutdown: the running summary completes and is published before the worker exits
+    (with status 0); the conversations still queued are done by the next worker; no LLM call is
+    repeated. A shutdown cut short by SIGKILL abandons its task: it is recovered (one extra
+    LLM call), by the reconciler, long before the visibility timeout."""
+    with StandinLLM(latency_s=0.05) as llm:
+        cluster = make_cluster(
+            {
+                "compaction": {"mode": "remote_only"},
+                "llm": llm_section(llm.openai_base_url, timeout_s=8.0, deadline_s=9.0),
+                "redis": {"visibility_timeout_s": 12, "lock_lease_s": 1.0},
+                "worker": {"summarize_time_limit_s": 10.0, "reconcile_after_s": 1.0},
+            }
+        )
+        workers = cluster.workers
+        workers.start("eval", queues=EVALUATE_QUEUES)
+        workers.start("sum1", queues=SUMMARIZE_QUEUE, concurrency=1)
+        llm.hold()
+        convs = [f"c-term{i}" for i in range(3)]
+        submitted = {c: {1: tagged(c, 1)} for c in convs}
+        for conv in convs:
+            cluster.client.submit(submitted[conv][1])
+        wait_until(lambda: llm.stats()["in_flight"] == 1, timeout_s=10, what="a held summary")
+        running = attribution(llm.requests[0])
+        assert running is not None
+
+        workers.send("sum1", signal.SIGTERM)
+        proc = workers.procs.pop("sum1")
+        time.sleep(0.7)
+        assert proc.poll() is None, "the worker left before its running task finished"
+        llm.release()
+        assert proc.wait(timeout=15) == 0, workers.log("sum1")[-3000:]
+        done = cluster.outcome(running[0], 1)
+        assert done is not None and done.type == "compaction.completed", "finished before exit"
+
+        workers.start("sum2", queues=SUMMARIZE_QUEUE, concurrency=1)
+        for conv in convs:
+            assert cluster.wait_outcome(conv, 1, timeout_s=10).type == "compaction.completed"
+        assert len(llm.requests) == len(convs), "a warm shutdown repeated an LLM call"
+
+        # A shutdown that outlasts its grace period (``docker stop``: SIGTERM, then SIGKILL)
+        # abandons the running task: the conversation is recovered with one extra LLM call.
+        llm.hold()
+        submitted["c-grace"] = {1: tagged("c-grace", 1)}
+        cluster.client.submit(submitted["c-grace"][1])
+        wait_until(lambda: llm.stats()["in_flight"] == 1, timeout_s=10, what="a held summary")
+        workers.send("sum2", signal.SIGTERM)
+        time.sleep(0.5)  # the grace period
+        workers.stop("sum2", sig=signal.SIGKILL)
+        assert cluster.outcome("c-grace", 1) is None
+        llm.release()
+        workers.start("sum3", queues=SUMMARIZE_QUEUE, concurrency=1)
+        reconcile_until(
+            cluster,
+            lambda: cluster.outcome("c-grace", 1),
+            timeout_s=20,
+            what="the abandoned conversation to be recovered",
+        )
+        recovered = cluster.outcome("c-grace", 1)
+        assert recovered is not None and recovered.type == "compaction.completed"
+        assert len(llm.requests) == len(convs) + 2, "one extra call for the abandoned task"
+        check_consistency(cluster, submitted)
+
+
+def test_worker_paused_past_its_lease_cannot_publish(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A worker stopped (SIGSTOP) mid-summary on two conversations loses both locks when the
+    lease lapses. For one, a new revision arrives and another worker compacts it; the paused
+    worker, resumed, finishes its LLM calls and publishes nothing (stale fencing tokens). The
+    other conversation gets no new snapshot: its revision must still reach an outcome, without
+    waiting for the reconciler (``reconcile_after_s`` is 60 s here)."""
+    lease_s = 1.5
+    with StandinLLM(latency_s=0.05) as llm:
+        cluster = make_cluster(
+            {
+                "compaction": {"mode": "remote_only"},
+                "llm": llm_section(llm.openai_base_url, timeout_s=8.0, deadline_s=9.0),
+                "redis": {"visibility_timeout_s": 10, "lock_lease_s": lease_s},
+                "worker": {"summarize_time_limit_s": 8.0, "reconcile_after_s": 60.0},
+            }
+        )
+        workers = cluster.workers
+        workers.start("eval", queues=EVALUATE_QUEUES)
+        workers.start("paused", queues=SUMMARIZE_QUEUE, concurrency=2)
+        # the paused worker's answers arrive while it sleeps
+        llm.enqueue(Fault(latency_s=1.0), Fault(latency_s=1.0))
+        conv, orphan = "c-lease", "c-orphan"
+        first = tagged(conv, 1, turns=10, fresh=False)
+        second = tagged(conv, 2, turns=12, fresh=False)
+        lonely = tagged(orphan, 1)
+        cluster.client.submit(first)
+        cluster.client.submit(lonely)
+        wait_until(lambda: llm.stats()["in_flight"] == 2, timeout_s=10, what="both summaries")
+        workers.send("paused", signal.SIGSTOP)
+        held = [cluster.raw.pttl(f"cw:lock:{c}") for c in (conv, orphan)]
+        assert all(0 < ms <= lease_s * 1000 for ms in held), f"not held when paused: {held}"
+
+        workers.start("other", queues=SUMMARIZE_QUEUE, concurrency=2)
+        for c in (conv, orphan):
+            wait_until(
+                lambda c=c: cluster.raw.pttl(f"cw:lock:{c}") < 0,
+                timeout_s=lease_s + 3,
+                what=f"the paused worker's lease on {c} to lapse",
+            )
+        cluster.client.submit(second)
+        outcome = cluster.wait_outcome(conv, 2, timeout_s=15)
+        assert outcome.type == "compaction.completed"
+
+        workers.send("paused", signal.SIGCONT)
+        resumed_at = time.monotonic()
+        wait_until(
+            lambda: cluster.counters().get("leases_lost_total", 0) >= 2,
+            timeout_s=10,
+            what="the resumed worker to notice both lost leases",
+        )
+        assert workers.log("paused").count("lease lost on") == 2
+        time.sleep(0.5)
+        events = cluster.events(conv)
+        assert [(e.type, e.revision) for e in events if e.type.startswith("compaction.")] == [
+            ("compaction.completed", 2)
+        ], "the paused worker published after losing its lease"
+        assert [attribution(r) for r in requests_for(llm.requests, conv)] == [(conv, 1), (conv, 2)]
+        check_consistency(cluster, {conv: {1: first, 2: second}})
+
+        # The conversation nobody else touched: its summary was thrown away with the lease.
+        waited = None
+        try:
+            cluster.wait_outcome(orphan, 1, timeout_s=5)
+            waited = time.monotonic() - resumed_at
+        except AssertionError:
+            pass
+        assert waited is not None, (
+            f"{orphan}@1 has no outcome 5 s after its summary ended 'lease_lost': the task was "
+            f"acknowledged and nothing re-queued the conversation (pending until the reconciler)"
+        )
+        assert len(requests_for(llm.requests, orphan)) == 2  # one thrown away, one published
+        check_consistency(cluster, {orphan: {1: lonely}})
