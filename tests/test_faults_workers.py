@@ -90,9 +90,8 @@ def test_sigkill_mid_summary_repeatedly_loses_nothing(make_cluster) -> None:  # 
         time.sleep(max(0.0, kills[-1][1] + visibility_s + 0.5 - time.monotonic()))
         calls_before = len(llm.requests)
         events_before = {c: len(cluster.events(c)) for c in convs}
-        # kombu's hash of delivered, unacknowledged messages: at least the last kill's (earlier
-        # ones may have been restored already, by a restart after their visibility timeout)
-        assert cluster.raw.hlen("unacked") >= 1, "a kill strands the message it was running"
+        # kombu's hash of delivered, unacknowledged messages may already be empty: the workers
+        # sweep it every 10 s and restore what is older than the visibility timeout.
         workers.stop("sum")
         workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=SUMMARY_CONCURRENCY)
         wait_until(
