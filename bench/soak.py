@@ -32,6 +32,7 @@ from worker.config import load_settings, with_redis_url  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
 from worker.testing.standin_llm import Fault, StandinLLM  # noqa: E402
 
+FAULT_EVERY_CALLS = 7
 OUTCOMES = {"compaction.completed", "compaction.skipped", "compaction.failed",
             "compaction.rejected"}
 
@@ -181,7 +182,7 @@ def main() -> int:
         latest: dict[str, int] = {}
         faults = [Fault(status=429, retry_after="0"), Fault(status=500), Fault(body=b"{oops"),
                   Fault(hang=True)]
-        submitted = kills = 0
+        submitted = kills = faulted_at = 0
         t_end = time.monotonic() + args.minutes * 60
         next_kill = time.monotonic() + args.kill_every_s
         started = time.monotonic()
@@ -191,8 +192,10 @@ def main() -> int:
             client.submit(conversation(conv, turns[conv]))
             latest[conv] = turns[conv]
             submitted += 1
-            if rng.random() < 0.15:
+            calls = llm.stats()["requests"]
+            if calls - faulted_at >= FAULT_EVERY_CALLS:  # about one LLM call in seven fails
                 llm.enqueue(rng.choice(faults))
+                faulted_at = calls
             if time.monotonic() >= next_kill:
                 victim = rng.choice(["summarize1", "summarize2", "evaluate"])
                 fleet.kill(victim)
@@ -214,7 +217,7 @@ def main() -> int:
     redis_server.stop()
     print(f"load {load_s:.0f} s: {submitted} snapshots across {len(latest)} conversations, "
           f"{kills} workers killed (SIGKILL), {llm_calls} LLM calls "
-          f"(~15% of submissions queued a fault: 429, 500, malformed, hang)")
+          f"(one in {FAULT_EVERY_CALLS} answered with a fault: 429, 500, malformed, hang)")
     print(f"settled {settle_s:.0f} s after the load stopped")
     print(f"events: {json.dumps(result['counts'], sort_keys=True)}")
     print(f"problems: {len(result['problems'])}")
