@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import ROOT, conversations  # noqa: E402
+from corpus import ROOT, conversations
 
-from worker.config import Settings  # noqa: E402
-from worker.facts import argument_strings, extract_paths  # noqa: E402
-from worker.pipeline import Adapters, evaluate, run_pipeline, tokenizer_of  # noqa: E402
-from worker.snapshots import parse_snapshot  # noqa: E402
-from worker.transcripts import TranscriptStore  # noqa: E402
+from worker.config import Settings
+from worker.facts import argument_strings, extract_paths
+from worker.pipeline import Adapters, evaluate, run_pipeline, tokenizer_of
+from worker.snapshots import parse_snapshot
+from worker.transcripts import TranscriptStore
 
 MIN_THRESHOLD = 4000
 
@@ -65,7 +65,11 @@ def run_one(snapshot: dict[str, Any], root: Path) -> dict[str, Any]:
     parsed = parse_snapshot(snapshot, Settings())
     event = run_pipeline(parsed, Adapters(store=TranscriptStore(root)))[-1]
     elapsed = time.perf_counter() - t0
-    row: dict[str, Any] = {"type": event.type, "seconds": elapsed, "messages": len(snapshot["messages"])}
+    row: dict[str, Any] = {
+        "type": event.type,
+        "seconds": elapsed,
+        "messages": len(snapshot["messages"]),
+    }
     c = event.compaction
     if c is None or event.trigger is None:
         return row
@@ -73,8 +77,11 @@ def run_one(snapshot: dict[str, Any], root: Path) -> dict[str, Any]:
     kept_text = c.summary.text + json.dumps(c.replacement[:-1], ensure_ascii=False)
     row.update(
         under=c.tokens_after < (event.trigger.threshold_tokens or 0),
-        before=c.tokens_before, after=c.tokens_after, threshold=event.trigger.threshold_tokens,
-        paths=len(paths), paths_kept=sum(p in kept_text for p in paths),
+        before=c.tokens_before,
+        after=c.tokens_after,
+        threshold=event.trigger.threshold_tokens,
+        paths=len(paths),
+        paths_kept=sum(p in kept_text for p in paths),
         missing=sorted(p for p in paths if p not in kept_text)[:5],
     )
     return row
@@ -84,8 +91,13 @@ def cli_time(snapshot: dict[str, Any], workdir: Path) -> tuple[float, int]:
     path = workdir / "snapshot.json"
     path.write_text(json.dumps(snapshot))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "worker", "compact", str(path), "--config",
-                           "/dev/null"], cwd=workdir, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker", "compact", str(path), "--config", "/dev/null"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return time.perf_counter() - t0, proc.returncode
 
 
@@ -107,28 +119,39 @@ def main() -> int:
             if k < args.cli_sample:
                 cli.append(cli_time(snap, Path(tmp)))
     done = [r for r in rows if r["type"] == "compaction.completed"]
-    print(f"conversations: {len(rows)}; completed: {len(done)}; "
-          f"other outcomes: {sorted({r['type'] for r in rows} - {'compaction.completed'})}")
+    print(
+        f"conversations: {len(rows)}; completed: {len(done)}; "
+        f"other outcomes: {sorted({r['type'] for r in rows} - {'compaction.completed'})}"
+    )
     print(f"tokens_after below threshold: {sum(r['under'] for r in done)}/{len(done)}")
     paths = sum(r["paths"] for r in done)
     kept = sum(r["paths_kept"] for r in done)
     full = sum(r["paths"] == r["paths_kept"] for r in done)
-    print(f"paths from compacted calls kept in digest or carried messages: {kept}/{paths} "
-          f"({kept / max(paths, 1):.1%}); conversations with every path kept: {full}/{len(done)}")
+    print(
+        f"paths from compacted calls kept in digest or carried messages: {kept}/{paths} "
+        f"({kept / max(paths, 1):.1%}); conversations with every path kept: {full}/{len(done)}"
+    )
     ratio = [r["after"] / r["before"] for r in done]
     print(f"tokens after/before: median {statistics.median(ratio):.3f}, max {max(ratio):.3f}")
     secs = [r["seconds"] * 1000 for r in rows]
-    print(f"in-process pipeline per conversation (ms): p50 {pct(secs, 50):.0f}, "
-          f"p95 {pct(secs, 95):.0f}, max {max(secs):.0f}")
+    print(
+        f"in-process pipeline per conversation (ms): p50 {pct(secs, 50):.0f}, "
+        f"p95 {pct(secs, 95):.0f}, max {max(secs):.0f}"
+    )
     if cli:
         wall = [t * 1000 for t, _ in cli]
         codes = sorted({c for _, c in cli})
-        print(f"`compactor compact` process wall time, {len(cli)} runs (ms): p50 {pct(wall, 50):.0f}, "
-              f"p95 {pct(wall, 95):.0f}, max {max(wall):.0f}; exit codes {codes}")
+        print(
+            f"`compactor compact` process wall time, {len(cli)} runs (ms): "
+            f"p50 {pct(wall, 50):.0f}, p95 {pct(wall, 95):.0f}, max {max(wall):.0f}; "
+            f"exit codes {codes}"
+        )
     for r in done:
         if r["missing"] or not r["under"]:
-            print(f"  {r['name']}: under={r['under']} after={r['after']} thr={r['threshold']} "
-                  f"missing={r['missing']}")
+            print(
+                f"  {r['name']}: under={r['under']} after={r['after']} thr={r['threshold']} "
+                f"missing={r['missing']}"
+            )
     return 0 if len(done) == len(rows) else 1
 
 

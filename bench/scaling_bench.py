@@ -43,28 +43,66 @@ def snapshot(conversation_id: str, n_messages: int, *, revision: int = 1) -> dic
     k = 0
     while len(messages) < n_messages:
         cid = f"call_{k}"
-        messages.append({"role": "assistant", "content": f"Looking at module {k}.",
-                         "tool_calls": [{"id": cid, "type": "function", "function": {
-                             "name": "bash",
-                             "arguments": json.dumps({"command": f"sed -n '1,40p' src/m{k}.py"})}}]})
-        body = "\n".join(f"{i:4}\tdef f{k}_{i}(x): return x * {i}  # {conversation_id}"
-                         for i in range(12))
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Looking at module {k}.",
+                "tool_calls": [
+                    {
+                        "id": cid,
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": json.dumps({"command": f"sed -n '1,40p' src/m{k}.py"}),
+                        },
+                    }
+                ],
+            }
+        )
+        body = "\n".join(
+            f"{i:4}\tdef f{k}_{i}(x): return x * {i}  # {conversation_id}" for i in range(12)
+        )
         messages.append({"role": "tool", "tool_call_id": cid, "content": body})
         k += 1
-    return {"conversation_id": conversation_id, "revision": revision,
-            "model": {"name": "gpt-4.1", "context_window": 10_000_000},
-            "messages": messages[:n_messages]}
+    return {
+        "conversation_id": conversation_id,
+        "revision": revision,
+        "model": {"name": "gpt-4.1", "context_window": 10_000_000},
+        "messages": messages[:n_messages],
+    }
 
 
 def start_workers(n: int, app: str, queue: str, env: dict[str, str], logs: Path) -> list[Any]:
     procs = []
     for i in range(n):
-        cmd = [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queue, "--pool",
-               "solo", "-n", f"bench{i}-{queue}@%h", "--without-mingle", "--without-gossip",
-               "--loglevel", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-Q",
+            queue,
+            "--pool",
+            "solo",
+            "-n",
+            f"bench{i}-{queue}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            "WARNING",
+        ]
         with (logs / f"{app}-{queue}-{i}.log").open("ab") as out:
-            procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT / "bench" if app == "noop_app"
-                                          else ROOT, stdout=out, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    cwd=ROOT / "bench" if app == "noop_app" else ROOT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     return procs
 
 
@@ -104,8 +142,17 @@ def _drain_rate(r: Any, queue: str, count: int, start: Any, done: Any) -> float:
     return count / elapsed
 
 
-def run_evaluations(settings: Settings, env: dict[str, str], logs: Path, workers: int,
-                    size: int, count: int, tag: str, *, grown_by: int = 0) -> float:
+def run_evaluations(
+    settings: Settings,
+    env: dict[str, str],
+    logs: Path,
+    workers: int,
+    size: int,
+    count: int,
+    tag: str,
+    *,
+    grown_by: int = 0,
+) -> float:
     """Evaluations per second: new conversations (``grown_by`` = 0), or conversations each
     evaluated before (by the same processes: their caches are warm) and now ``grown_by``
     messages longer (an agent's next turn)."""
@@ -147,8 +194,9 @@ def _wait_handled(r: Any, tag: str, count: int, revision: int) -> None:
         time.sleep(0.005)
 
 
-def run_noop(settings: Settings, env: dict[str, str], logs: Path, workers: int,
-             count: int) -> float:
+def run_noop(
+    settings: Settings, env: dict[str, str], logs: Path, workers: int, count: int
+) -> float:
     sys.path.insert(0, str(ROOT / "bench"))
     import noop_app
 
@@ -158,8 +206,9 @@ def run_noop(settings: Settings, env: dict[str, str], logs: Path, workers: int,
         noop_app.noop.apply_async(args=[f"n{i}", time.time()], queue="bench.noop")
 
     def start() -> list[Any]:
-        return start_workers(workers, "noop_app", "bench.noop", {**env, "PYTHONPATH": str(ROOT)},
-                             logs)
+        return start_workers(
+            workers, "noop_app", "bench.noop", {**env, "PYTHONPATH": str(ROOT)}, logs
+        )
 
     def done() -> bool:
         return _queue_length(r, "bench.noop") == 0 and not _unacked(r)
@@ -227,8 +276,13 @@ def main() -> int:
         if url is None:
             embedded = EmbeddedRedis(directory=Path(tmp))
             url = embedded.start()
-        env = {**os.environ, "COMPACTOR_REDIS_URL": url, "PYTHONPATH": str(ROOT),
-               "COMPACTOR_TRANSCRIPT_DIR": str(Path(tmp) / "t"), "COMPACTOR_CONFIG": "/dev/null"}
+        env = {
+            **os.environ,
+            "COMPACTOR_REDIS_URL": url,
+            "PYTHONPATH": str(ROOT),
+            "COMPACTOR_TRANSCRIPT_DIR": str(Path(tmp) / "t"),
+            "COMPACTOR_CONFIG": "/dev/null",
+        }
         os.environ["COMPACTOR_REDIS_URL"] = url  # bench/noop_app.py reads it when imported
         settings = with_redis_url(load_settings("/dev/null", environ={}), url)
         logs = Path(tmp)
@@ -236,22 +290,31 @@ def main() -> int:
             for size, count in ((50, args.snapshots), (500, max(args.snapshots // 5, 20))):
                 for workers in (1, 2):
                     floor = run_noop(settings, env, logs, workers, count * 5)
-                    cold = run_evaluations(settings, env, logs, workers, size, count,
-                                           f"s{size}w{workers}")
-                    grown = run_evaluations(settings, env, logs, workers, size, count,
-                                            f"g{size}w{workers}", grown_by=2)
-                    print(f"{size:4}-message snapshots, {workers} worker process(es): "
-                          f"no-op floor {floor:7.1f} tasks/s; new conversations "
-                          f"{cold:6.1f}/s ({cold / floor:.2f} of floor); growing conversations "
-                          f"{grown:6.1f}/s ({grown / floor:.2f} of floor)", flush=True)
+                    cold = run_evaluations(
+                        settings, env, logs, workers, size, count, f"s{size}w{workers}"
+                    )
+                    grown = run_evaluations(
+                        settings, env, logs, workers, size, count, f"g{size}w{workers}", grown_by=2
+                    )
+                    print(
+                        f"{size:4}-message snapshots, {workers} worker process(es): "
+                        f"no-op floor {floor:7.1f} tasks/s; new conversations "
+                        f"{cold:6.1f}/s ({cold / floor:.2f} of floor); growing conversations "
+                        f"{grown:6.1f}/s ({grown / floor:.2f} of floor)",
+                        flush=True,
+                    )
             lat = latency(settings, env, logs, 100)
             q = statistics.quantiles(lat, n=100)
-            print(f"submit -> skipped event, 50 messages, idle system (ms): p50 {q[49]:.1f}, "
-                  f"p99 {q[98]:.1f}")
+            print(
+                f"submit -> skipped event, 50 messages, idle system (ms): p50 {q[49]:.1f}, "
+                f"p99 {q[98]:.1f}"
+            )
             cold, warm, cold_grown = regrowth(500, 10)
-            print(f"evaluate 500 messages cold {cold:.1f} ms; grown by 10 in a warm process "
-                  f"{warm:.1f} ms; the grown one cold {cold_grown:.1f} ms "
-                  f"(warm/cold {warm / cold_grown:.2f})")
+            print(
+                f"evaluate 500 messages cold {cold:.1f} ms; grown by 10 in a warm process "
+                f"{warm:.1f} ms; the grown one cold {cold_grown:.1f} ms "
+                f"(warm/cold {warm / cold_grown:.2f})"
+            )
         finally:
             if embedded is not None:
                 embedded.stop()

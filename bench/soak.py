@@ -33,8 +33,12 @@ from worker.embedded import EmbeddedRedis  # noqa: E402
 from worker.testing.standin_llm import Fault, StandinLLM  # noqa: E402
 
 FAULT_EVERY_CALLS = 7
-OUTCOMES = {"compaction.completed", "compaction.skipped", "compaction.failed",
-            "compaction.rejected"}
+OUTCOMES = {
+    "compaction.completed",
+    "compaction.skipped",
+    "compaction.failed",
+    "compaction.rejected",
+}
 
 
 def config_text(transcripts: Path, llm_url: str) -> str:
@@ -69,16 +73,40 @@ log_format = "text"
 def conversation(conv: str, turns: int) -> dict[str, Any]:
     messages: list[dict[str, Any]] = [
         {"id": "s", "role": "system", "content": "You are a coding agent."},
-        {"id": "u", "role": "user", "content": f"Fix issue {conv} in src/{conv}/core.py."}]
+        {"id": "u", "role": "user", "content": f"Fix issue {conv} in src/{conv}/core.py."},
+    ]
     for k in range(turns):
-        messages.append({"id": f"a{k}", "role": "assistant", "content": f"step {k}",
-                         "tool_calls": [{"id": f"c{k}", "type": "function", "function": {
-                             "name": "bash", "arguments": json.dumps(
-                                 {"command": f"cat src/{conv}/m{k}.py"})}}]})
-        messages.append({"id": f"r{k}", "role": "tool", "tool_call_id": f"c{k}",
-                         "content": "\n".join(f"line {i} of m{k} in {conv}" for i in range(60))})
-    return {"conversation_id": conv, "revision": turns,
-            "model": {"name": "gpt-4.1", "context_window": 12_000}, "messages": messages}
+        messages.append(
+            {
+                "id": f"a{k}",
+                "role": "assistant",
+                "content": f"step {k}",
+                "tool_calls": [
+                    {
+                        "id": f"c{k}",
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": json.dumps({"command": f"cat src/{conv}/m{k}.py"}),
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "id": f"r{k}",
+                "role": "tool",
+                "tool_call_id": f"c{k}",
+                "content": "\n".join(f"line {i} of m{k} in {conv}" for i in range(60)),
+            }
+        )
+    return {
+        "conversation_id": conv,
+        "revision": turns,
+        "model": {"name": "gpt-4.1", "context_window": 12_000},
+        "messages": messages,
+    }
 
 
 class Fleet:
@@ -92,19 +120,58 @@ class Fleet:
             "summarize1": ("compactor.summarize", "threads", "16"),
             "summarize2": ("compactor.summarize", "threads", "16"),
         }[name]
-        cmd = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues, "--pool",
-               pool, "-c", conc, "-n", f"{name}@%h", "--without-mingle", "--without-gossip",
-               "--loglevel", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker",
+            "worker",
+            "-Q",
+            queues,
+            "--pool",
+            pool,
+            "-c",
+            conc,
+            "-n",
+            f"{name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            "WARNING",
+        ]
         with (self.logs / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=out,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                cmd,
+                env=self.env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def start_beat(self) -> None:
-        cmd = [sys.executable, "-m", "celery", "-A", "worker", "beat", "--schedule",
-               str(self.logs / "beat-schedule"), "--loglevel", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker",
+            "beat",
+            "--schedule",
+            str(self.logs / "beat-schedule"),
+            "--loglevel",
+            "WARNING",
+        ]
         with (self.logs / "beat.log").open("ab") as out:
-            self.procs["beat"] = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=out,
-                                                  stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs["beat"] = subprocess.Popen(
+                cmd,
+                env=self.env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def kill(self, name: str) -> None:
         os.killpg(self.procs[name].pid, signal.SIGKILL)
@@ -169,9 +236,12 @@ def main() -> int:
     with StandinLLM(latency_s=0.3) as llm:
         config = tmp / "soak.toml"
         config.write_text(config_text(tmp / "transcripts", llm.openai_base_url))
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")},
-               "COMPACTOR_CONFIG": str(config), "COMPACTOR_REDIS_URL": url,
-               "PYTHONPATH": str(ROOT)}
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")},
+            "COMPACTOR_CONFIG": str(config),
+            "COMPACTOR_REDIS_URL": url,
+            "PYTHONPATH": str(ROOT),
+        }
         fleet = Fleet(env, tmp)
         for name in ("evaluate", "summarize1", "summarize2"):
             fleet.start(name)
@@ -180,8 +250,12 @@ def main() -> int:
         convs = [f"soak-{i}" for i in range(args.conversations)]
         turns = {c: rng.randint(2, 10) for c in convs}
         latest: dict[str, int] = {}
-        faults = [Fault(status=429, retry_after="0"), Fault(status=500), Fault(body=b"{oops"),
-                  Fault(hang=True)]
+        faults = [
+            Fault(status=429, retry_after="0"),
+            Fault(status=500),
+            Fault(body=b"{oops"),
+            Fault(hang=True),
+        ]
         submitted = kills = faulted_at = 0
         t_end = time.monotonic() + args.minutes * 60
         next_kill = time.monotonic() + args.kill_every_s
@@ -215,9 +289,11 @@ def main() -> int:
         client.close()
         fleet.stop_all()
     redis_server.stop()
-    print(f"load {load_s:.0f} s: {submitted} snapshots across {len(latest)} conversations, "
-          f"{kills} workers killed (SIGKILL), {llm_calls} LLM calls "
-          f"(one in {FAULT_EVERY_CALLS} answered with a fault: 429, 500, malformed, hang)")
+    print(
+        f"load {load_s:.0f} s: {submitted} snapshots across {len(latest)} conversations, "
+        f"{kills} workers killed (SIGKILL), {llm_calls} LLM calls "
+        f"(one in {FAULT_EVERY_CALLS} answered with a fault: 429, 500, malformed, hang)"
+    )
     print(f"settled {settle_s:.0f} s after the load stopped")
     print(f"events: {json.dumps(result['counts'], sort_keys=True)}")
     print(f"problems: {len(result['problems'])}")

@@ -176,7 +176,8 @@ def delegating_session() -> dict[str, Any]:
             "content": [
                 {
                     "type": "text",
-                    "text": "Audit the repository for unused imports and fix them, one package at a time.",
+                    "text": "Audit the repository for unused imports and fix them, "
+                    "one package at a time.",
                 }
             ],
         },

@@ -27,8 +27,12 @@ from worker.config import load_settings, with_redis_url
 from worker.embedded import EmbeddedRedis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-OUTCOMES = {"compaction.completed", "compaction.skipped", "compaction.failed",
-            "compaction.rejected"}
+OUTCOMES = {
+    "compaction.completed",
+    "compaction.skipped",
+    "compaction.failed",
+    "compaction.rejected",
+}
 
 
 @pytest.fixture(scope="session")
@@ -72,18 +76,50 @@ class Workers:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
-        env.update(COMPACTOR_CONFIG=str(self.config), COMPACTOR_REDIS_URL=self.url,
-                   PYTHONPATH=str(REPO_ROOT))
+        env.update(
+            COMPACTOR_CONFIG=str(self.config),
+            COMPACTOR_REDIS_URL=self.url,
+            PYTHONPATH=str(REPO_ROOT),
+        )
         return env
 
-    def start(self, name: str, *, queues: str = "compactor.evaluate,compactor.summarize,"
-              "compactor.maintenance", pool: str = "threads", concurrency: int = 4) -> None:
-        cmd = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues,
-               "--pool", pool, "--concurrency", str(concurrency), "-n", f"{name}@%h",
-               "--without-mingle", "--without-gossip", "--loglevel", "INFO"]
+    def start(
+        self,
+        name: str,
+        *,
+        queues: str = "compactor.evaluate,compactor.summarize,compactor.maintenance",
+        pool: str = "threads",
+        concurrency: int = 4,
+    ) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker",
+            "worker",
+            "-Q",
+            queues,
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            "INFO",
+        ]
         with (self.logs / f"{name}.log").open("ab") as out:  # the child keeps its own copy
-            self.procs[name] = subprocess.Popen(cmd, env=self.env(), cwd=REPO_ROOT, stdout=out,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[name] = subprocess.Popen(
+                cmd,
+                env=self.env(),
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.wait_ready([name])
 
     def wait_ready(self, names: list[str], timeout_s: float = 60.0) -> None:
@@ -146,8 +182,9 @@ def client_for(workers: Workers) -> Client:
     return Client(with_redis_url(load_settings(workers.config, environ={}), workers.url))
 
 
-def wait_for_outcome(client: Client, conversation_id: str, *, revision: int | None = None,
-                     timeout_s: float = 30.0) -> list[Any]:
+def wait_for_outcome(
+    client: Client, conversation_id: str, *, revision: int | None = None, timeout_s: float = 30.0
+) -> list[Any]:
     """Every event of the conversation until an outcome (for ``revision``, if given) arrives."""
     deadline = time.monotonic() + timeout_s
     events: list[Any] = []
@@ -159,12 +196,21 @@ def wait_for_outcome(client: Client, conversation_id: str, *, revision: int | No
             if event.type in OUTCOMES and (revision is None or event.revision == revision):
                 return events
         time.sleep(0.05)
-    raise AssertionError(f"no outcome for {conversation_id} within {timeout_s}s: "
-                         f"{[(e.type, e.revision) for e in events]}")
+    raise AssertionError(
+        f"no outcome for {conversation_id} within {timeout_s}s: "
+        f"{[(e.type, e.revision) for e in events]}"
+    )
 
 
-def conversation(conversation_id: str, turns: int, *, revision: int | None = None,
-                 window: int = 8000, body: int = 400, id_prefix: str = "") -> dict[str, Any]:
+def conversation(
+    conversation_id: str,
+    turns: int,
+    *,
+    revision: int | None = None,
+    window: int = 8000,
+    body: int = 400,
+    id_prefix: str = "",
+) -> dict[str, Any]:
     """A coding conversation with ``turns`` tool exchanges of ``body`` words each."""
     messages: list[dict[str, Any]] = [
         {"id": "sys", "role": "system", "content": "You are a coding agent."},
@@ -172,13 +218,31 @@ def conversation(conversation_id: str, turns: int, *, revision: int | None = Non
     ]
     for k in range(turns):
         cid = f"{id_prefix}call{k}"
-        messages.append({"id": f"{id_prefix}a{k}", "role": "assistant", "content": f"Step {k}.",
-                         "tool_calls": [{"id": cid, "type": "function", "function": {
-                             "name": "bash", "arguments": json.dumps(
-                                 {"command": f"cat src/pkg/mod_{k}.py"})}}]})
+        messages.append(
+            {
+                "id": f"{id_prefix}a{k}",
+                "role": "assistant",
+                "content": f"Step {k}.",
+                "tool_calls": [
+                    {
+                        "id": cid,
+                        "type": "function",
+                        "function": {
+                            "name": "bash",
+                            "arguments": json.dumps({"command": f"cat src/pkg/mod_{k}.py"}),
+                        },
+                    }
+                ],
+            }
+        )
         words = " ".join(f"token{k}_{i}" for i in range(body))
-        messages.append({"id": f"{id_prefix}r{k}", "role": "tool", "tool_call_id": cid, "content": words})
+        messages.append(
+            {"id": f"{id_prefix}r{k}", "role": "tool", "tool_call_id": cid, "content": words}
+        )
     messages.append({"id": f"end{turns}", "role": "assistant", "content": "Continuing."})
-    return {"conversation_id": conversation_id,
-            "revision": len(messages) if revision is None else revision,
-            "model": {"name": "gpt-4.1", "context_window": window}, "messages": messages}
+    return {
+        "conversation_id": conversation_id,
+        "revision": len(messages) if revision is None else revision,
+        "model": {"name": "gpt-4.1", "context_window": window},
+        "messages": messages,
+    }

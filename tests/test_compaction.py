@@ -53,8 +53,11 @@ def test_compaction_properties(messages: list[dict[str, Any]], threshold: int) -
         assert c is not None and c.transcript is not None
         assert 0 <= c.start < c.end <= len(messages)
         # leading system messages stay; the newest message is never compacted
-        assert messages[c.start]["role"] != "system" or c.start > 0 and all(
-            m["role"] != "system" for m in messages[:1])
+        assert (
+            messages[c.start]["role"] != "system"
+            or (c.start > 0
+            and all(m["role"] != "system" for m in messages[:1]))
+        )
         assert all(m["role"] == "system" for m in messages[: c.start])
         assert c.end <= len(messages) - 1
         assert _pairs_intact(messages, c.start, c.end)
@@ -82,11 +85,28 @@ def _conversation() -> list[dict[str, Any]]:
     for k, tool in enumerate(tools * 2):
         cid = f"c{k}"
         args = {"path": f"src/mod_{k}.py", "command": f"run {k}"}
-        messages.append({"id": f"a{k}", "role": "assistant", "content": f"step {k}",
-                         "tool_calls": [{"id": cid, "type": "function",
-                                         "function": {"name": tool, "arguments": json.dumps(args)}}]})
-        messages.append({"id": f"r{k}", "role": "tool", "tool_call_id": cid,
-                         "content": f"output of {tool} {k} " + "data " * 200})
+        messages.append(
+            {
+                "id": f"a{k}",
+                "role": "assistant",
+                "content": f"step {k}",
+                "tool_calls": [
+                    {
+                        "id": cid,
+                        "type": "function",
+                        "function": {"name": tool, "arguments": json.dumps(args)},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "id": f"r{k}",
+                "role": "tool",
+                "tool_call_id": cid,
+                "content": f"output of {tool} {k} " + "data " * 200,
+            }
+        )
     messages.append({"id": "u2", "role": "user", "content": "Now also update the docs."})
     messages.append({"id": "last", "role": "assistant", "content": "On it."})
     return messages
@@ -94,15 +114,25 @@ def _conversation() -> list[dict[str, Any]]:
 
 def test_tool_hints_are_frozen_into_the_event_and_shape_the_replacement(tmp_path: Path) -> None:
     messages = _conversation()
-    snap = snapshot(messages, threshold=2000, tools={
-        "grep": {"compaction": "strip-responses"}, "heartbeat": {"compaction": "omit"},
-        "edit_file": {"compaction": "keep"}, "bash": {"compaction": "strip-requests"}})
+    snap = snapshot(
+        messages,
+        threshold=2000,
+        tools={
+            "grep": {"compaction": "strip-responses"},
+            "heartbeat": {"compaction": "omit"},
+            "edit_file": {"compaction": "keep"},
+            "bash": {"compaction": "strip-requests"},
+        },
+    )
     event = _compact(snap, tmp_path)
     c = event.compaction
     assert c is not None
     assert {k: (v.policy, v.request, v.response) for k, v in c.tool_overrides.items()} == {
-        "bash": ("strip", True, False), "edit_file": ("strip", False, False),
-        "grep": ("strip", False, True), "heartbeat": ("omit", False, False)}
+        "bash": ("strip", True, False),
+        "edit_file": ("strip", False, False),
+        "grep": ("strip", False, True),
+        "heartbeat": ("omit", False, False),
+    }
     calls = {tc["function"]["name"]: tc for m in c.replacement for tc in m.get("tool_calls") or []}
     results = {m["tool_call_id"]: m["content"] for m in c.replacement if m["role"] == "tool"}
     assert "heartbeat" not in calls and "heartbeat" not in c.summary.text
@@ -117,8 +147,11 @@ def test_tool_hints_are_frozen_into_the_event_and_shape_the_replacement(tmp_path
 
 
 def test_star_hint_is_the_default_and_explicit_hints_win(tmp_path: Path) -> None:
-    snap = snapshot(_conversation(), threshold=1500,
-                    tools={"*": {"compaction": "omit"}, "grep": {"compaction": "keep"}})
+    snap = snapshot(
+        _conversation(),
+        threshold=1500,
+        tools={"*": {"compaction": "omit"}, "grep": {"compaction": "keep"}},
+    )
     c = _compact(snap, tmp_path).compaction
     assert c is not None and c.tool_calls is not None and c.tool_calls.policy == "omit"
     names = {tc["function"]["name"] for m in c.replacement for tc in m.get("tool_calls") or []}
@@ -156,9 +189,14 @@ def test_a_second_compaction_builds_on_the_first_summary(tmp_path: Path) -> None
     messages = _conversation()
     first = _compact(snapshot(messages, threshold=1500), tmp_path)
     applied = apply_compaction(messages, first)
-    grown = applied + [
-        {"id": f"x{k}", "role": "user", "content": f"more work on lib/extra_{k}.py " * 30}
-        for k in range(3)] + [{"id": "end", "role": "assistant", "content": "done"}]
+    grown = (
+        applied
+        + [
+            {"id": f"x{k}", "role": "user", "content": f"more work on lib/extra_{k}.py " * 30}
+            for k in range(3)
+        ]
+        + [{"id": "end", "role": "assistant", "content": "done"}]
+    )
     second = _compact(snapshot(grown, threshold=300), tmp_path)
     assert second.compaction is not None
     text = second.compaction.summary.text
@@ -175,8 +213,20 @@ def test_nothing_to_compact_is_skipped_with_a_reason(tmp_path: Path) -> None:
 
 def test_pending_tool_call_stays_in_the_tail(tmp_path: Path) -> None:
     messages = _conversation()
-    messages.append({"id": "p", "role": "assistant", "content": None, "tool_calls": [
-        {"id": "pending", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]})
+    messages.append(
+        {
+            "id": "p",
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "pending",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": "{}"},
+                }
+            ],
+        }
+    )
     c = _compact(snapshot(messages, threshold=1500), tmp_path).compaction
     assert c is not None and c.end <= len(messages) - 1
 
@@ -184,8 +234,8 @@ def test_pending_tool_call_stays_in_the_tail(tmp_path: Path) -> None:
 def test_groups_keep_calls_with_their_results() -> None:
     parsed = parse_snapshot(snapshot(_conversation()), Settings())
     for g in group_messages(parsed.messages):
-        ids = {c.id for m in parsed.messages[g.start:g.end] for c in m.tool_calls}
-        answered = {m.tool_call_id for m in parsed.messages[g.start:g.end] if m.role == "tool"}
+        ids = {c.id for m in parsed.messages[g.start : g.end] for c in m.tool_calls}
+        answered = {m.tool_call_id for m in parsed.messages[g.start : g.end] if m.role == "tool"}
         assert answered <= ids
 
 

@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from corpus import conversations, corpus_dir  # noqa: E402
-from corpus_compact_bench import run_one, with_small_window  # noqa: E402
+from corpus import conversations, corpus_dir
+from corpus_compact_bench import run_one, with_small_window
 
 pytestmark = [
     pytest.mark.corpus,
-    pytest.mark.skipif(corpus_dir() is None, reason="corpus absent: set COMPACTOR_CORPUS_DIR "
-                       "or place it at ../shared/corpus"),
+    pytest.mark.skipif(
+        corpus_dir() is None,
+        reason="corpus absent: set COMPACTOR_CORPUS_DIR or place it at ../shared/corpus",
+    ),
 ]
 
 
@@ -25,9 +27,13 @@ def _sample() -> list[tuple[str, dict]]:  # type: ignore[type-arg]
     return [c for k, c in enumerate(conversations()) if k % 5 == 0] if corpus_dir() else []
 
 
-@pytest.mark.parametrize(("name", "snapshot"), _sample(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("name", "snapshot"), _sample(), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_real_conversation_compacts_under_threshold_keeping_paths(
-    name: str, snapshot: dict, tmp_path: Path  # type: ignore[type-arg]
+    name: str,
+    snapshot: dict,
+    tmp_path: Path,  # type: ignore[type-arg]
 ) -> None:
     row = run_one(with_small_window(snapshot), tmp_path)
     assert row["type"] == "compaction.completed", name

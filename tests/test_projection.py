@@ -26,14 +26,26 @@ def _size(text: str) -> int:
 def _history(bodies: list[str], tool: str = "grep") -> list[Message]:
     calls = tuple(ToolCall(id=f"c{i}", name=tool, arguments="{}") for i in range(len(bodies)))
     out = [Message(id="a", role="assistant", tool_calls=calls, source_index=0)]
-    out += [Message(id=f"r{i}", role="tool", tool_call_id=f"c{i}", tool_name=tool, content=b,
-                    source_index=i + 1) for i, b in enumerate(bodies)]
+    out += [
+        Message(
+            id=f"r{i}",
+            role="tool",
+            tool_call_id=f"c{i}",
+            tool_name=tool,
+            content=b,
+            source_index=i + 1,
+        )
+        for i, b in enumerate(bodies)
+    ]
     return out
 
 
 def _budget(max_bytes: int, recent: int = 0, preview: int = 200) -> ProjectionPolicy:
-    return ProjectionPolicy(projected_tool_result_budget=ProjectedToolResultBudget(
-        max_bytes=max_bytes, prioritize_recent_results=recent, max_preview_bytes=preview))
+    return ProjectionPolicy(
+        projected_tool_result_budget=ProjectedToolResultBudget(
+            max_bytes=max_bytes, prioritize_recent_results=recent, max_preview_bytes=preview
+        )
+    )
 
 
 def _bodies(messages: list[Message]) -> list[str]:
@@ -45,7 +57,8 @@ def test_keep_recent_marks_old_large_results_only() -> None:
     out = project(history, ProjectionPolicy(keep_recent_tool_results=2))
     assert _bodies(out.messages) == [marker_for("grep"), "y" * 100, "z" * 300, "w" * 400]
     assert [(e.call_id, e.action, e.bytes_before, e.bytes_after) for e in out.elided] == [
-        ("c0", "marker", 500, len("[Previous: used grep]"))]
+        ("c0", "marker", 500, len("[Previous: used grep]"))
+    ]
 
 
 def test_keep_recent_none_changes_nothing_and_zero_marks_all_large() -> None:
@@ -99,13 +112,18 @@ bodies_st = st.lists(
         st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=400),
         st.lists(st.integers(), max_size=60).map(json.dumps),
     ),
-    min_size=1, max_size=8,
+    min_size=1,
+    max_size=8,
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(bodies=bodies_st, max_bytes=st.integers(0, 3000), recent=st.integers(0, 4),
-       preview=st.integers(0, 600))
+@given(
+    bodies=bodies_st,
+    max_bytes=st.integers(0, 3000),
+    recent=st.integers(0, 4),
+    preview=st.integers(0, 600),
+)
 def test_budget_properties(bodies: list[str], max_bytes: int, recent: int, preview: int) -> None:
     history = _history(bodies)
     out = project(history, _budget(max_bytes, recent, preview))
@@ -122,8 +140,9 @@ def test_budget_properties(bodies: list[str], max_bytes: int, recent: int, previ
         assert PREVIEW_JOINER in after and _size(after) <= preview
         assert not (before.lstrip()[:1] in "[{" and _is_json(before))
     changed = {e.call_id for e in out.elided}
-    assert changed == {f"c{i}" for i, (b, a) in enumerate(zip(bodies, projected, strict=True))
-                       if a != b}
+    assert changed == {
+        f"c{i}" for i, (b, a) in enumerate(zip(bodies, projected, strict=True)) if a != b
+    }
     for e in out.elided:
         i = int(e.call_id[1:])
         assert (e.bytes_before, e.bytes_after) == (_size(bodies[i]), _size(projected[i]))
@@ -140,7 +159,9 @@ def _is_json(text: str) -> bool:
 @settings(max_examples=100, deadline=None)
 @given(bodies=bodies_st, keep=st.integers(0, 10))
 def test_keep_recent_properties(bodies: list[str], keep: int) -> None:
-    out = _bodies(project(_history(bodies), ProjectionPolicy(keep_recent_tool_results=keep)).messages)
+    out = _bodies(
+        project(_history(bodies), ProjectionPolicy(keep_recent_tool_results=keep)).messages
+    )
     cut = max(len(bodies) - keep, 0)
     assert out[cut:] == bodies[cut:]
     for before, after in zip(bodies[:cut], out[:cut], strict=True):

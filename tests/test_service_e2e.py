@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from pathlib import Path
@@ -19,16 +20,16 @@ from service_support import (  # noqa: F401 - fixtures
 )
 
 from worker.client import apply_compaction
+from worker.config import Settings
 from worker.pipeline import tokens_of
 from worker.snapshots import parse_snapshot
-from worker.config import Settings
 from worker.tokens import tokenizer_for
 
 pytestmark = pytest.mark.slow
 
 
 def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> None:  # type: ignore[no-untyped-def]
-    transcripts, make = service_env
+    _, make = service_env
     workers = make()
     workers.start("w1")
     client = client_for(workers)
@@ -177,7 +178,7 @@ def test_two_workers_never_compact_one_conversation_at_once(service_env) -> None
             spans.setdefault(conv, []).append(req.received_at)
         for conv, starts in spans.items():
             starts.sort()
-            gaps = [b - a for a, b in zip(starts, starts[1:])]
+            gaps = [b - a for a, b in itertools.pairwise(starts)]
             assert all(g >= latency * 0.9 for g in gaps), (conv, gaps)
         for conv in convs:
             done = [e for _, e in client.events(conv) if e.type == "compaction.completed"]

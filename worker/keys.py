@@ -74,4 +74,3 @@ def announce(conversation_id: str) -> str:
 RECENT = f"{PREFIX}recent"
 PENDING = f"{PREFIX}pending"
 METRICS = f"{PREFIX}metrics"
-

@@ -87,8 +87,12 @@ _compressed_bodies: ContentCache[str] = ContentCache(50_000)
 
 
 def _compressed(message: Message, policy: ProjectionPolicy) -> str:
-    key = content_key(message.tool_name or "", message.content, policy.model or "",
-                      f"{policy.compress_min_tokens}:{policy.compress_min_saving}")
+    key = content_key(
+        message.tool_name or "",
+        message.content,
+        policy.model or "",
+        f"{policy.compress_min_tokens}:{policy.compress_min_saving}",
+    )
     return _compressed_bodies.get_or_compute(key, lambda: _compress_now(message, policy))
 
 

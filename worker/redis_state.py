@@ -39,8 +39,10 @@ def redis_errors(action: str) -> Iterator[None]:
     except redis.exceptions.NoScriptError:
         raise
     except redis.exceptions.AuthenticationError:
-        raise ConfigError("redis.url", "Redis refused the credentials (check the password or "
-                          "ACL user in COMPACTOR_REDIS_URL)") from None
+        raise ConfigError(
+            "redis.url",
+            "Redis refused the credentials (check the password or ACL user in COMPACTOR_REDIS_URL)",
+        ) from None
     except (
         redis.exceptions.ConnectionError,
         redis.exceptions.TimeoutError,
@@ -187,8 +189,12 @@ class RedisState:
         the newest and handled revisions, the newest snapshot and the recent compactions."""
         with redis_errors("reading the conversation's work"):
             reply = self._take(
-                keys=[keys.queued(conversation_id), keys.latest(conversation_id),
-                      keys.handled(conversation_id), keys.last_compaction(conversation_id)],
+                keys=[
+                    keys.queued(conversation_id),
+                    keys.latest(conversation_id),
+                    keys.handled(conversation_id),
+                    keys.last_compaction(conversation_id),
+                ],
                 args=[keys.snapshot(conversation_id, 0)[:-1]],
             )
         latest = int(reply[0]) if reply[0] else None
@@ -350,8 +356,10 @@ class RedisState:
         """Stop reconciling the conversation: its ``revision`` has a final outcome (or, with
         None, its snapshot expired) and nothing newer was submitted meanwhile."""
         with redis_errors("updating pending conversations"):
-            self._settle(keys=[keys.latest(conversation_id), keys.PENDING],
-                         args=["" if revision is None else revision, conversation_id])
+            self._settle(
+                keys=[keys.latest(conversation_id), keys.PENDING],
+                args=["" if revision is None else revision, conversation_id],
+            )
 
     def touch_pending(self, conversation_id: str) -> None:
         with redis_errors("updating pending conversations"):

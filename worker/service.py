@@ -92,8 +92,11 @@ class Service:
             self.state.publish(elided)
         if not evaluation.over_threshold:
             counters["compactions_skipped_total"] = 1.0
-            self.state.publish(skipped_event(parsed, evaluation, self.now()),
-                               handled_revision=work.latest, counters=counters)
+            self.state.publish(
+                skipped_event(parsed, evaluation, self.now()),
+                handled_revision=work.latest,
+                counters=counters,
+            )
             return "skipped"
         self.state.incr_many(counters)
         return self._hand_to_summarize(conversation_id, parsed.revision)
@@ -125,9 +128,12 @@ class Service:
             parsed = parse_snapshot(work.payload, self.settings)
         except InvalidSnapshot as exc:
             self.state.publish(
-                rejected_event(exc, conversation_id=conversation_id, revision=work.latest,
-                               now=self.now()),
-                handled_revision=work.latest, counters={"snapshots_rejected_total": 1.0})
+                rejected_event(
+                    exc, conversation_id=conversation_id, revision=work.latest, now=self.now()
+                ),
+                handled_revision=work.latest,
+                counters={"snapshots_rejected_total": 1.0},
+            )
             return "rejected"
         return self._with_published_compactions(parsed, work.compactions)
 
@@ -202,8 +208,9 @@ class Service:
         if lease_lost():
             raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
         failed = event.type == "compaction.failed"
-        status = self.state.publish(event, fencing_token=token,
-                                    handled_revision=None if failed else latest)
+        status = self.state.publish(
+            event, fencing_token=token, handled_revision=None if failed else latest
+        )
         if failed:  # reported; not retried by the reconciler (a new submission retries it)
             self.state.settle_pending(conversation_id, latest)
         if status == "duplicate":

@@ -88,8 +88,9 @@ def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) ->
         )
     effective = _effective_settings(settings, snapshot)
     ids = formats.source_ids(snapshot.messages)
-    messages = formats.to_messages(snapshot.format, snapshot.messages, system=snapshot.system,
-                                   ids=ids)
+    messages = formats.to_messages(
+        snapshot.format, snapshot.messages, system=snapshot.system, ids=ids
+    )
     return ParsedSnapshot(snapshot=snapshot, messages=messages, source_ids=ids, settings=effective)
 
 

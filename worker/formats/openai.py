@@ -76,8 +76,10 @@ def _text(content: Any, where: str) -> str:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise InvalidSnapshot(f"{where}[{k}]", "a content part needs a string 'type'")
         if part["type"] not in _PART_TYPES:
-            raise InvalidSnapshot(f"{where}[{k}].type", f"unexpected content part type "
-                                  f"{part['type']!r} (is this an anthropic snapshot?)")
+            raise InvalidSnapshot(
+                f"{where}[{k}].type",
+                f"unexpected content part type {part['type']!r} (is this an anthropic snapshot?)",
+            )
         text = part.get("text", part.get("refusal"))
         if part["type"] in ("text", "refusal"):
             if not isinstance(text, str):
