@@ -175,3 +175,18 @@ def test_projection_is_deterministic_and_pure() -> None:
     second = project(history, _budget(500, preview=100))
     assert first.messages == second.messages
     assert [m.model_dump() for m in history] == frozen
+
+
+def test_a_grown_conversation_keeps_its_projected_prefix() -> None:
+    """Compression is applied once per result and deterministically: appending messages never
+    changes how earlier results project, so providers' prompt caches stay warm."""
+    grep = "\n".join(f"src/pkg/mod_{i // 60}.py:{i}:    value = compute({i})" for i in range(400))
+    listing = "\n".join(f"./src/pkg/sub_{i // 50}/file_{i}.py" for i in range(400))
+    history = _history([grep, listing, "ok"], tool="bash")
+    policy = ProjectionPolicy(compress_tool_results=True, model="gpt-4.1")
+    first = project(history, policy).messages
+    assert first[1].content != grep and first[2].content != listing  # both compressed
+    grown = [*history, *_history(["new output " * 50], tool="bash")[1:]]
+    grown[-1] = grown[-1].model_copy(update={"id": "late", "tool_call_id": "c0-late"})
+    again = project(grown, policy).messages
+    assert again[: len(first)] == first

@@ -19,7 +19,7 @@ from service_support import (  # noqa: F401 - fixtures
     wait_for_outcome,
 )
 
-from worker.client import apply_compaction
+from worker.client import EventMismatch, apply_compaction
 from worker.config import Settings
 from worker.pipeline import tokens_of
 from worker.snapshots import parse_snapshot
@@ -48,6 +48,10 @@ def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> 
     assert tokens_of(applied, parsed, tokenizer_for("gpt-4.1")) == c.tokens_after
     assert c.tokens_after < outcome.trigger.threshold_tokens
     assert client.restore(outcome) == snap["messages"]
+    assert client.restore("c-over") == snap["messages"]
+    assert client.restore("c-over", revision=outcome.revision) == snap["messages"]
+    with pytest.raises(EventMismatch, match="no transcript"):
+        client.restore("c-over", revision=outcome.revision + 1)
     time.sleep(0.5)
     assert [e.type for _, e in client.events("c-over")] == ["compaction.completed"]
 

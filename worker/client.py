@@ -177,9 +177,16 @@ class Client:
             if not follow and not batch:
                 return
 
-    def restore(self, event: CompactionEvent) -> list[dict[str, Any]]:
-        """The full history an event compacted, read back from its transcript (sha256-checked)."""
-        return restore(event, transcript_dir=self.settings.compaction.transcript_dir)
+    def restore(
+        self, conversation: str | CompactionEvent, *, revision: int | None = None
+    ) -> list[dict[str, Any]]:
+        """An original history from the transcripts: the one a completed event replaced
+        (sha256-checked), or a conversation's newest transcript (at ``revision``, if given)."""
+        transcript_dir = self.settings.compaction.transcript_dir
+        if isinstance(conversation, CompactionEvent):
+            return restore(conversation, transcript_dir=transcript_dir)
+        return restore_conversation(conversation, transcript_dir=transcript_dir,
+                                    revision=revision)
 
     def close(self) -> None:
         self.state.client.close()
@@ -196,6 +203,21 @@ def restore(event: CompactionEvent, *, transcript_dir: str | Path) -> list[dict[
     if hashlib.sha256(data).hexdigest() != ref.sha256:
         raise EventMismatch(f"transcript {ref.uri} does not match the event's sha256")
     messages: list[dict[str, Any]] = json.loads(data)["messages"]
+    return messages
+
+
+def restore_conversation(
+    conversation_id: str, *, transcript_dir: str | Path, revision: int | None = None
+) -> list[dict[str, Any]]:
+    """The messages of a conversation's newest kept transcript, or of the one for ``revision``."""
+    from worker.transcripts import TranscriptStore
+
+    store = TranscriptStore(Path(transcript_dir))
+    kept = [t for t in store.stored(conversation_id) if revision is None or t.revision == revision]
+    if not kept:
+        which = "any revision" if revision is None else f"revision {revision}"
+        raise EventMismatch(f"no transcript of {conversation_id} for {which} is kept")
+    messages: list[dict[str, Any]] = json.loads(store.read(str(kept[-1].path)))["messages"]
     return messages
 
 
