@@ -185,8 +185,7 @@ class Client:
         transcript_dir = self.settings.compaction.transcript_dir
         if isinstance(conversation, CompactionEvent):
             return restore(conversation, transcript_dir=transcript_dir)
-        return restore_conversation(conversation, transcript_dir=transcript_dir,
-                                    revision=revision)
+        return restore_conversation(conversation, transcript_dir=transcript_dir, revision=revision)
 
     def close(self) -> None:
         self.state.client.close()
