@@ -48,6 +48,10 @@ def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> 
     assert tokens_of(applied, parsed, tokenizer_for("gpt-4.1")) == c.tokens_after
     assert c.tokens_after < outcome.trigger.threshold_tokens
     assert client.restore(outcome) == snap["messages"]
+    counters = client.state.counters()
+    assert counters["compactions_completed_total"] == 1
+    assert counters["tokens_before_total"] == c.tokens_before
+    assert counters["tokens_after_total"] == c.tokens_after
     assert client.restore("c-over") == snap["messages"]
     assert client.restore("c-over", revision=outcome.revision) == snap["messages"]
     with pytest.raises(EventMismatch, match="no transcript"):
@@ -65,6 +69,14 @@ def test_under_threshold_is_skipped(service_env) -> None:  # type: ignore[no-unt
     events = wait_for_outcome(client, "c-under")
     assert [e.type for e in events] == ["compaction.skipped"]
     assert events[0].trigger.projected_tokens <= events[0].trigger.threshold_tokens
+    counters = client.state.counters()
+    assert counters["snapshots_evaluated_total"] == 1
+    assert counters["compactions_skipped_total"] == 1
+    assert counters["queue_lag_samples_total"] == 1
+    from worker.metrics import render_prometheus
+
+    text = render_prometheus(counters, {"compactor.evaluate": 0})
+    assert "compactor_snapshots_evaluated_total 1" in text
 
 
 def test_invalid_snapshot_through_the_broker_is_rejected(service_env) -> None:  # type: ignore[no-untyped-def]

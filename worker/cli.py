@@ -196,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CompactorError as exc:
         _print_error(exc.to_dict())
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130  # interrupted (Ctrl-C, or SIGTERM for `up`): cleaned up on the way out
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         _print_error({"error": "invalid_input", "message": str(exc)})
         return EXIT_REJECTED

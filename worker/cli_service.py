@@ -119,7 +119,12 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 @contextmanager
 def running_services(
-    settings: Settings, config: str | None, *, workdir: Path, summarize_concurrency: int = 32
+    settings: Settings,
+    config: str | None,
+    *,
+    workdir: Path,
+    summarize_concurrency: int = 32,
+    redis_port: int | None = None,
 ) -> Iterator[str]:
     """Redis (embedded when no URL is configured), an evaluate worker, a summarize worker and
     the scheduler, until the block ends. Yields the Redis URL."""
@@ -129,7 +134,7 @@ def running_services(
     embedded = None
     url = redis_url(settings)
     if url is None:
-        embedded = EmbeddedRedis(directory=workdir / "redis", appendonly=True)
+        embedded = EmbeddedRedis(directory=workdir / "redis", appendonly=True, port=redis_port)
         (workdir / "redis").mkdir(parents=True, exist_ok=True)
         url = embedded.start()
     env = _child_env(config, url)
@@ -199,10 +204,18 @@ def wait_for_workers(url: str, settings: Settings, expected: int, timeout_s: flo
         app.close()
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    # SIGTERM (systemd, docker stop, kill) shuts down as cleanly as Ctrl-C: workers, then Redis.
+    signal.signal(signal.SIGTERM, _interrupt)
     settings = _settings(args)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="compactor-up-"))
-    with running_services(settings, args.config, workdir=workdir) as url:
+    with running_services(
+        settings, args.config, workdir=workdir, redis_port=args.redis_port
+    ) as url:
         print(json.dumps({"redis": mask_url(url), "logs": str(workdir / "logs")}), flush=True)
         if not wait_for_workers(url, settings, expected=2, timeout_s=60):
             print(json.dumps({"error": "workers did not start; see the logs"}), file=sys.stderr)
@@ -356,6 +369,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--workdir", help="where the embedded Redis and the logs live")
+    p.add_argument(
+        "--redis-port",
+        type=int,
+        help="the embedded Redis' loopback port (default: a free one; printed at start)",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("status", parents=[common], help="queues, workers, counters, events")

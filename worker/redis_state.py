@@ -294,6 +294,7 @@ class RedisState:
                         keys.last_compaction(conv),
                         keys.latest(conv),
                         keys.PENDING,
+                        keys.METRICS,
                     ],
                     args=[
                         event.to_json(),
@@ -306,6 +307,7 @@ class RedisState:
                         RECENT_MAXLEN,
                         conv,
                         LAST_COMPACTIONS,
+                        *[x for name, n in (counters or {}).items() for x in (name, n)],
                     ],
                 )
             )
