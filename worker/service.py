@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from worker import formats
 from worker.client import EventMismatch, apply_compaction
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost
@@ -155,8 +154,7 @@ class Service:
         if not changed:
             return parsed
         raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
-        formats.source_ids(messages)  # fail early on a clash of ids
-        return parse_snapshot(raw, self.settings)
+        return parse_snapshot(raw, self.settings)  # validates the ids of the result too
 
     # --- summarize ---------------------------------------------------------------------------
 
@@ -204,12 +202,15 @@ class Service:
         event = compact_if_needed(parsed, evaluation, tokenizer, self._adapters())
         if event is None:
             return "duplicate"  # redelivered after it was published: no second LLM call
-        self._count(event, time.monotonic() - started)
+        counters = _counters(event, time.monotonic() - started)
         if lease_lost():
             raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
         failed = event.type == "compaction.failed"
         status = self.state.publish(
-            event, fencing_token=token, handled_revision=None if failed else latest
+            event,
+            fencing_token=token,
+            handled_revision=None if failed else latest,
+            counters=counters,  # counted in the same step, and only if really published
         )
         if failed:  # reported; not retried by the reconciler (a new submission retries it)
             self.state.settle_pending(conversation_id, latest)
@@ -225,20 +226,6 @@ class Service:
         return Adapters(
             store=self.store, llm=self.llm, now=self.now, already_published=self.state.is_published
         )
-
-    def _count(self, event: CompactionEvent, seconds: float) -> None:
-        self.state.incr(f"compactions_{event.type.split('.')[1]}_total")
-        if event.compaction is not None:
-            c = event.compaction
-            self.state.incr("tokens_before_total", c.tokens_before)
-            self.state.incr("tokens_after_total", c.tokens_after)
-            if c.summary.source == "llm":
-                self.state.incr("llm_summaries_total")
-                self.state.incr("llm_seconds_total", seconds)
-            if c.summary.fallback_reason:
-                self.state.incr("llm_fallbacks_total")
-        if event.error is not None and event.error.code.startswith("llm"):
-            self.state.incr("llm_failures_total")
 
     # --- housekeeping ------------------------------------------------------------------------
 
@@ -260,3 +247,20 @@ class Service:
             dry_run=dry_run,
         )
         return [str(p) for p in removed]
+
+
+def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
+    """The metric increments a compaction's outcome event carries."""
+    counters = {f"compactions_{event.type.split('.')[1]}_total": 1.0}
+    if event.compaction is not None:
+        c = event.compaction
+        counters["tokens_before_total"] = c.tokens_before
+        counters["tokens_after_total"] = c.tokens_after
+        if c.summary.source == "llm":
+            counters["llm_summaries_total"] = 1.0
+            counters["llm_seconds_total"] = seconds
+        if c.summary.fallback_reason:
+            counters["llm_fallbacks_total"] = 1.0
+    if event.error is not None and event.error.code.startswith("llm"):
+        counters["llm_failures_total"] = 1.0
+    return counters

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from worker.errors import InvalidSnapshot
@@ -145,10 +144,3 @@ def replace_tool_results(
         cid = raw.get("tool_call_id") if raw.get("role") == "tool" else None
         out.append({**raw, "content": bodies[cid]} if cid in bodies else raw)
     return out
-
-
-def arguments_json(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except (json.JSONDecodeError, RecursionError):
-        return None
