@@ -269,6 +269,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--snapshots", type=int, default=400)
     parser.add_argument("--redis-url")
+    parser.add_argument(
+        "--sizes", default="50,500", help="snapshot sizes in messages, comma-separated"
+    )
+    parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         embedded = None
@@ -287,7 +291,10 @@ def main() -> int:
         settings = with_redis_url(load_settings("/dev/null", environ={}), url)
         logs = Path(tmp)
         try:
-            for size, count in ((50, args.snapshots), (500, max(args.snapshots // 5, 20))):
+            sizes = [int(x) for x in args.sizes.split(",")]
+            counts = {50: args.snapshots, 500: max(args.snapshots // 5, 20)}
+            for size in sizes:
+                count = counts.get(size, args.snapshots)
                 for workers in (1, 2):
                     floor = run_noop(settings, env, logs, workers, count * 5)
                     cold = run_evaluations(
@@ -303,6 +310,8 @@ def main() -> int:
                         f"{grown:6.1f}/s ({grown / floor:.2f} of floor)",
                         flush=True,
                     )
+            if args.skip_latency:
+                return 0
             lat = latency(settings, env, logs, 100)
             q = statistics.quantiles(lat, n=100)
             print(

@@ -20,8 +20,8 @@ from service_support import (  # noqa: F401 - fixtures
 )
 
 from worker.client import EventMismatch, apply_compaction
-from worker.config import Settings
-from worker.pipeline import tokens_of
+from worker.config import Settings, load_settings
+from worker.pipeline import evaluate, tokenizer_of, tokens_of
 from worker.snapshots import parse_snapshot
 from worker.tokens import tokenizer_for
 
@@ -77,6 +77,35 @@ def test_under_threshold_is_skipped(service_env) -> None:  # type: ignore[no-unt
 
     text = render_prometheus(counters, {"compactor.evaluate": 0})
     assert "compactor_snapshots_evaluated_total 1" in text
+
+
+def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(service_env) -> None:  # type: ignore[no-untyped-def]
+    """The conversation's memo travels in Redis: a worker process that never saw it counts
+    and compresses only what the new snapshot adds."""
+    _, make = service_env
+    workers = make()
+    workers.start("first")
+    client = client_for(workers)
+    client.submit(conversation("c-grow", 10, revision=1, window=1_000_000))
+    wait_for_outcome(client, "c-grow", revision=1)
+    before = client.state.counters()
+    assert before["tool_results_compressed_total"] == 10
+    workers.stop("first")
+
+    workers.start("second")  # a new process: empty caches
+    grown = conversation("c-grow", 12, revision=2, window=1_000_000)
+    client.submit(grown)
+    events = wait_for_outcome(client, "c-grow", revision=2)
+    after = client.state.counters()
+    assert after["tool_results_compressed_total"] - before["tool_results_compressed_total"] == 2
+    # The two new exchanges: an assistant text, its arguments and a tool result each (a new
+    # tool name or role would add one); none of the 22 earlier messages' texts.
+    assert 0 < after["texts_tokenized_total"] - before["texts_tokenized_total"] <= 6
+    parsed = parse_snapshot(grown, load_settings(workers.config, environ={}))
+    assert (
+        events[-1].trigger.projected_tokens
+        == evaluate(parsed, tokenizer_of(parsed)).projected_tokens
+    )
 
 
 def test_invalid_snapshot_through_the_broker_is_rejected(service_env) -> None:  # type: ignore[no-untyped-def]

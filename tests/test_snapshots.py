@@ -229,6 +229,25 @@ def test_valid_surrogate_pair_escape_is_accepted() -> None:
     assert parsed.messages[1].content == "smile 😀"
 
 
+@pytest.mark.parametrize("escape", ["\\uD800", "\\uDbFf", "\\udc00"])
+def test_lone_surrogate_escape_any_hex_case(escape: str) -> None:
+    text = json.dumps(snapshot()).replace('"hi"', f'"h{escape}i"')
+    assert "surrogate" in rejected(text.encode()).reason
+    assert "surrogate" in rejected(text).reason
+
+
+def test_lone_surrogate_character_in_str_input() -> None:
+    text = json.dumps(snapshot(), ensure_ascii=False).replace('"hi"', '"h\ud800i"')
+    assert "surrogate" in rejected(text).reason
+
+
+def test_escaped_backslash_before_surrogate_like_text_is_accepted() -> None:
+    # The text \ud800 (backslash, then letters) is not an escape: it decodes to plain ASCII.
+    text = json.dumps(snapshot()).replace('"hi"', '"path C:\\\\ud800"')
+    parsed = parse_snapshot(text.encode(), DEFAULT)
+    assert parsed.messages[1].content == "path C:\\ud800"
+
+
 def test_deep_nesting_rejected() -> None:
     depth = 10_000
     value = snapshot()

@@ -1,15 +1,38 @@
 """A small thread-safe LRU keyed by content hash: what makes re-evaluating a grown conversation
-cost only its new messages (token counts, compressed tool results)."""
+cost only its new messages (token counts, compressed tool results).
+
+While :func:`recording` is active (per thread or task: a context variable), every entry an
+evaluation reads or computes is noted under the cache's name, so that the entries can travel to
+another worker process with the conversation (:mod:`worker.memo`) and be :meth:`preloaded
+<ContentCache.preload>` there.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
+Key = str | bytes
+Recorded = dict[str, dict[Key, Any]]  # cache name -> the entries used
+
+
+@dataclass
+class Recording:
+    """The entries an evaluation used, and how many of them it had to compute, by cache."""
+
+    used: Recorded = field(default_factory=dict)
+    computed: Counter[str] = field(default_factory=Counter)
+
+
+_MISSING: Any = object()
+_recorder: ContextVar[Recording | None] = ContextVar("cache_recorder", default=None)
 
 
 def content_key(*parts: str) -> bytes:
@@ -20,22 +43,60 @@ def content_key(*parts: str) -> bytes:
     return h.digest()
 
 
+@contextlib.contextmanager
+def recording() -> Iterator[Recording]:
+    """Note every cache entry used inside the block (by cache name)."""
+    recorded = Recording()
+    token = _recorder.set(recorded)
+    try:
+        yield recorded
+    finally:
+        _recorder.reset(token)
+
+
 class ContentCache(Generic[V]):
-    def __init__(self, max_entries: int) -> None:
-        self._data: OrderedDict[str | bytes, V] = OrderedDict()
+    def __init__(self, max_entries: int, *, name: str = "") -> None:
+        self._data: OrderedDict[Key, V] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
+        self.name = name
         self.misses = 0
+        self.evictions = 0
 
-    def get_or_compute(self, key: str | bytes, compute: Callable[[], V]) -> V:
-        with self._lock:
-            if key in self._data:
+    def get_or_compute(self, key: Key, compute: Callable[[], V]) -> V:
+        # Reads take no lock: each OrderedDict call is atomic under the GIL, and a key evicted
+        # between the two calls only costs its recency. Inserting and evicting take the lock.
+        value: V = self._data.get(key, _MISSING)
+        recorded = _recorder.get()
+        if value is _MISSING:
+            value = compute()  # outside the lock: computing may be slow, and is deterministic
+            with self._lock:
+                self.misses += 1
+                self._put(key, value)
+            if recorded is not None:
+                recorded.computed[self.name] += 1
+        else:
+            try:  # noqa: SIM105 (contextlib.suppress costs a context object on the hot path)
                 self._data.move_to_end(key)
-                return self._data[key]
-        value = compute()  # outside the lock: computing may be slow, and is deterministic
-        with self._lock:
-            self.misses += 1
-            self._data[key] = value
-            if len(self._data) > self._max:
-                self._data.popitem(last=False)
+            except KeyError:
+                pass
+        if recorded is not None and self.name:
+            recorded.used.setdefault(self.name, {})[key] = value
         return value
+
+    def preload(self, entries: Iterable[tuple[Key, V]]) -> int:
+        """Add entries computed elsewhere (values are deterministic in their keys); returns how
+        many were new here."""
+        added = 0
+        with self._lock:
+            for key, value in entries:
+                if key not in self._data:
+                    self._put(key, value)
+                    added += 1
+        return added
+
+    def _put(self, key: Key, value: V) -> None:
+        self._data[key] = value
+        if len(self._data) > self._max:
+            self._data.popitem(last=False)
+            self.evictions += 1

@@ -24,6 +24,8 @@ _HELP = {
     "leases_lost_total": "Compactions abandoned because the conversation lock was lost.",
     "queue_lag_seconds_total": "Sum of seconds from submit to evaluation start.",
     "queue_lag_samples_total": "Evaluations measured for queue lag.",
+    "texts_tokenized_total": "Texts an evaluation had to tokenize (in no cache or memo).",
+    "tool_results_compressed_total": "Tool results an evaluation had to try to compress.",
 }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from worker import formats
+from worker.cache import ContentCache, recording
 from worker.client import apply_compaction
 from worker.compaction import (
     RangePlan,
@@ -30,6 +31,15 @@ from worker.errors import (
     RedisUnavailable,
 )
 from worker.facts import extract_facts
+from worker.memo import (
+    StoredMemo,
+    decode_memo,
+    encode_memo,
+    entry_count,
+    memo_digest,
+    preload,
+    worth_rewriting,
+)
 from worker.models import (
     Compaction,
     CompactionEvent,
@@ -41,8 +51,10 @@ from worker.models import (
     event_id_for,
 )
 from worker.projection import (
+    COMPRESSED_CACHE,
     Projection,
     ProjectionPolicy,
+    compressed_bodies,
     count_message_tokens,
     count_request_tokens,
     project,
@@ -103,6 +115,76 @@ class Adapters:
 def tokenizer_of(parsed: ParsedSnapshot) -> Tokenizer:
     estimate = parsed.settings.compaction.token_counting == "estimate"
     return tokenizer_for(parsed.snapshot.model.name or None, estimate=estimate)
+
+
+def evaluation_caches(tokenizer: Tokenizer) -> dict[str, ContentCache[Any]]:
+    """The caches an evaluation reads, by name: what a conversation's memo carries."""
+    caches: dict[str, ContentCache[Any]] = {COMPRESSED_CACHE: compressed_bodies()}
+    cache = getattr(tokenizer, "cache", None)
+    if isinstance(cache, ContentCache):
+        caches[cache.name] = cache
+    return caches
+
+
+@dataclass(frozen=True)
+class MemoUpdate:
+    """After an evaluation: the memo to store (None: keep the stored one), what this process
+    then knows of the stored memo, and what the evaluation had to compute itself."""
+
+    blob: bytes | None
+    stored: StoredMemo | None
+    texts_tokenized: int = 0
+    results_compressed: int = 0
+
+    def counters(self) -> dict[str, float]:
+        return {
+            "texts_tokenized_total": float(self.texts_tokenized),
+            "tool_results_compressed_total": float(self.results_compressed),
+        }
+
+
+def evaluate_with_memo(
+    parsed: ParsedSnapshot,
+    tokenizer: Tokenizer,
+    memo: bytes | None,
+    known: StoredMemo | None = None,
+) -> tuple[Evaluation, MemoUpdate]:
+    """:func:`evaluate`, first preloading the conversation's stored ``memo`` (what earlier
+    evaluations computed) unless ``known`` says this process already has all of it."""
+    caches = evaluation_caches(tokenizer)
+    evictions = sum(cache.evictions for cache in caches.values())
+    stored = _load_memo(memo, known, caches, evictions)
+    with recording() as recorded:
+        evaluation = evaluate(parsed, tokenizer)
+    computed = {
+        "texts_tokenized": sum(
+            n for name, n in recorded.computed.items() if name != COMPRESSED_CACHE
+        ),
+        "results_compressed": recorded.computed[COMPRESSED_CACHE],
+    }
+    used = {name: recorded.used[name] for name in caches if name in recorded.used}
+    blob = encode_memo(used) if worth_rewriting(entry_count(used), stored) else None
+    if blob is None:
+        return evaluation, MemoUpdate(blob=None, stored=stored, **computed)
+    made = StoredMemo(digest=memo_digest(blob), entries=entry_count(used), evictions=evictions)
+    return evaluation, MemoUpdate(blob=blob, stored=made, **computed)
+
+
+def _load_memo(
+    memo: bytes | None,
+    known: StoredMemo | None,
+    caches: dict[str, ContentCache[Any]],
+    evictions: int,
+) -> StoredMemo | None:
+    if memo is None:
+        return None
+    digest = memo_digest(memo)
+    if known is not None and known.digest == digest and known.evictions == evictions:
+        return known  # made or loaded here, and nothing has been evicted since
+    entries = decode_memo(memo)
+    preload(entries, caches)
+    after = sum(cache.evictions for cache in caches.values())
+    return StoredMemo(digest=digest, entries=entry_count(entries), evictions=after)
 
 
 def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:

@@ -82,8 +82,14 @@ def project(messages: list[Message], policy: ProjectionPolicy) -> Projection:
     return Projection(messages=projected, bodies=by_call, elided=elided)
 
 
-# Compression is deterministic, so each distinct result is compressed once per process.
-_compressed_bodies: ContentCache[str] = ContentCache(50_000)
+# Compression is deterministic, so each distinct result is compressed once per process (and
+# the outcome travels with the conversation's memo). None: the result stays as it is.
+COMPRESSED_CACHE = "compressed"
+_compressed_bodies: ContentCache[str | None] = ContentCache(50_000, name=COMPRESSED_CACHE)
+
+
+def compressed_bodies() -> ContentCache[str | None]:
+    return _compressed_bodies
 
 
 def _compressed(message: Message, policy: ProjectionPolicy) -> str:
@@ -93,10 +99,11 @@ def _compressed(message: Message, policy: ProjectionPolicy) -> str:
         policy.model or "",
         f"{policy.compress_min_tokens}:{policy.compress_min_saving}",
     )
-    return _compressed_bodies.get_or_compute(key, lambda: _compress_now(message, policy))
+    body = _compressed_bodies.get_or_compute(key, lambda: _compress_now(message, policy))
+    return message.content if body is None else body
 
 
-def _compress_now(message: Message, policy: ProjectionPolicy) -> str:
+def _compress_now(message: Message, policy: ProjectionPolicy) -> str | None:
     out = compress_tool_result(
         message.tool_name or "",
         message.content,
@@ -104,7 +111,7 @@ def _compress_now(message: Message, policy: ProjectionPolicy) -> str:
         min_saving=policy.compress_min_saving,
         model=policy.model,
     )
-    return out if isinstance(out, str) else message.content
+    return out if isinstance(out, str) and out != message.content else None
 
 
 def _size(text: str) -> int:

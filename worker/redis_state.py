@@ -91,7 +91,8 @@ if ARGV[6] ~= '' then
   local latest = tonumber(redis.call('GET', KEYS[8]) or '-1')
   if tonumber(ARGV[6]) >= latest then redis.call('ZREM', KEYS[9], ARGV[9]) end
 end
-for i = 11, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[10], ARGV[i], ARGV[i + 1]) end
+if ARGV[11] ~= '' then redis.call('SET', KEYS[11], ARGV[11], 'EX', ARGV[12]) end
+for i = 13, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[10], ARGV[i], ARGV[i + 1]) end
 if ARGV[7] == '1' then
   redis.call('LPUSH', KEYS[7], ARGV[1])
   redis.call('LTRIM', KEYS[7], 0, ARGV[10] - 1)
@@ -106,7 +107,8 @@ local latest = redis.call('GET', KEYS[2])
 local handled = redis.call('GET', KEYS[3]) or '-1'
 if not latest or tonumber(latest) <= tonumber(handled) then return {latest or false, handled} end
 local payload = redis.call('GET', ARGV[1] .. latest)
-return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1)}
+local memo = redis.call('GET', KEYS[5])
+return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), memo or false}
 """
 
 _SETTLE = """
@@ -146,6 +148,7 @@ class Work:
     handled: int  # newest revision with an outcome
     payload: bytes | None = None  # the newest snapshot, when there is work to do
     compactions: list[CompactionEvent] = field(default_factory=list)  # oldest first
+    memo: bytes | None = None  # what the last evaluation computed (worker.memo)
 
     @property
     def pending(self) -> bool:
@@ -194,6 +197,7 @@ class RedisState:
                     keys.latest(conversation_id),
                     keys.handled(conversation_id),
                     keys.last_compaction(conversation_id),
+                    keys.memo(conversation_id),
                 ],
                 args=[keys.snapshot(conversation_id, 0)[:-1]],
             )
@@ -203,7 +207,10 @@ class RedisState:
             return Work(latest=latest, handled=handled)
         payload = zlib.decompress(reply[2]) if reply[2] else None
         compactions = [CompactionEvent.model_validate_json(r) for r in reversed(reply[3])]
-        return Work(latest=latest, handled=handled, payload=payload, compactions=compactions)
+        memo = reply[4] or None
+        return Work(
+            latest=latest, handled=handled, payload=payload, compactions=compactions, memo=memo
+        )
 
     def handled_revision(self, conversation_id: str) -> int:
         with redis_errors("reading the handled revision"):
@@ -276,9 +283,11 @@ class RedisState:
         fencing_token: str | None = None,
         handled_revision: int | None = None,
         counters: dict[str, float] | None = None,
+        memo: bytes | None = None,
     ) -> PublishStatus:
         """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
-        and record the handled revision. Raises LeaseLost if the fencing token is stale."""
+        record the handled revision, add ``counters`` and store the conversation's evaluation
+        ``memo``. Raises LeaseLost if the fencing token is stale."""
         conv = event.conversation_id
         is_completed = event.type == "compaction.completed"
         with redis_errors("publishing an event"):
@@ -295,6 +304,7 @@ class RedisState:
                         keys.latest(conv),
                         keys.PENDING,
                         keys.METRICS,
+                        keys.memo(conv),
                     ],
                     args=[
                         event.to_json(),
@@ -307,6 +317,8 @@ class RedisState:
                         RECENT_MAXLEN,
                         conv,
                         LAST_COMPACTIONS,
+                        memo or "",
+                        self.config.snapshot_ttl_s,
                         *[x for name, n in (counters or {}).items() for x in (name, n)],
                     ],
                 )

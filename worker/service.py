@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -34,12 +34,13 @@ from worker.pipeline import (
     compact_if_needed,
     elided_event,
     evaluate,
+    evaluate_with_memo,
     rejected_event,
     skipped_event,
     tokenizer_of,
 )
 from worker.redis_state import RedisState, Work
-from worker.snapshots import ParsedSnapshot, parse_snapshot
+from worker.snapshots import ParsedSnapshot, RecentSnapshots, parse_snapshot
 from worker.summarize import Summarizer
 from worker.transcripts import TranscriptStore
 
@@ -70,6 +71,10 @@ class Service:
     enqueue_summarize: Callable[[str, int, float], None]  # (conversation, revision, delay_s)
     enqueue_evaluate: Callable[[str], None]
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    recent: RecentSnapshots = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.recent = RecentSnapshots(int(self.settings.worker.conversation_cache_mb * 2**20))
 
     # --- evaluate ----------------------------------------------------------------------------
 
@@ -85,7 +90,10 @@ class Service:
         if isinstance(parsed, str):
             return parsed  # type: ignore[return-value]
         tokenizer = tokenizer_of(parsed)
-        evaluation = evaluate(parsed, tokenizer)
+        evaluation, memo = evaluate_with_memo(
+            parsed, tokenizer, work.memo, self.recent.stored_memo(conversation_id)
+        )
+        counters.update(memo.counters())
         elided = elided_event(parsed, evaluation, self.now())
         if elided is not None:
             self.state.publish(elided)
@@ -95,7 +103,9 @@ class Service:
                 skipped_event(parsed, evaluation, self.now()),
                 handled_revision=work.latest,
                 counters=counters,
+                memo=memo.blob,
             )
+            self.recent.remember_memo(conversation_id, memo.stored)
             return "skipped"
         self.state.incr_many(counters)
         return self._hand_to_summarize(conversation_id, parsed.revision)
@@ -124,7 +134,9 @@ class Service:
             self.state.settle_pending(conversation_id, work.latest)
             return "expired"
         try:
-            parsed = parse_snapshot(work.payload, self.settings)
+            parsed = parse_snapshot(
+                work.payload, self.settings, earlier=self.recent.get(conversation_id)
+            )
         except InvalidSnapshot as exc:
             self.state.publish(
                 rejected_event(
@@ -134,6 +146,7 @@ class Service:
                 counters={"snapshots_rejected_total": 1.0},
             )
             return "rejected"
+        self.recent.put(parsed, len(work.payload))
         return self._with_published_compactions(parsed, work.compactions)
 
     def _with_published_compactions(

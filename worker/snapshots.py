@@ -8,6 +8,9 @@ storage paths), message roles and tool-call pairing, and which settings a snapsh
 from __future__ import annotations
 
 import json
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +20,7 @@ from pydantic import ValidationError
 from worker import formats
 from worker.config import Settings
 from worker.errors import ConfigError, InvalidSnapshot
+from worker.memo import StoredMemo
 from worker.models import Message, Snapshot
 
 # Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
@@ -45,6 +49,54 @@ class ParsedSnapshot:
         return self.snapshot.revision
 
 
+class RecentSnapshots:
+    """The last parsed snapshot of recently evaluated conversations, bounded by the summed size
+    of their payloads: what lets a grown conversation's next parse reuse the messages it shares
+    with the last one. Thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._entries: OrderedDict[str, tuple[ParsedSnapshot, int]] = OrderedDict()
+        self._memos: dict[str, StoredMemo] = {}  # for conversations in _entries only
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, conversation_id: str) -> ParsedSnapshot | None:
+        with self._lock:
+            entry = self._entries.get(conversation_id)
+            if entry is None:
+                return None
+            self._entries.move_to_end(conversation_id)
+            return entry[0]
+
+    def put(self, parsed: ParsedSnapshot, size_bytes: int) -> None:
+        with self._lock:
+            conversation_id = parsed.conversation_id
+            old = self._entries.pop(conversation_id, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if size_bytes > self._max_bytes:
+                self._memos.pop(conversation_id, None)
+                return
+            self._entries[conversation_id] = (parsed, size_bytes)
+            self._bytes += size_bytes
+            while self._bytes > self._max_bytes:
+                dropped_id, (_, dropped) = self._entries.popitem(last=False)
+                self._memos.pop(dropped_id, None)
+                self._bytes -= dropped
+
+    def stored_memo(self, conversation_id: str) -> StoredMemo | None:
+        """What this process knows of the conversation's memo in Redis."""
+        return self._memos.get(conversation_id)
+
+    def remember_memo(self, conversation_id: str, stored: StoredMemo | None) -> None:
+        with self._lock:
+            if stored is not None and conversation_id in self._entries:
+                self._memos[conversation_id] = stored
+            else:
+                self._memos.pop(conversation_id, None)
+
+
 def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
     """Bytes -> JSON value, refusing oversize, invalid UTF-8, lone surrogates and deep nesting."""
     size = len(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data)
@@ -67,8 +119,17 @@ def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
     return value
 
 
-def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) -> ParsedSnapshot:
-    """Validate a snapshot completely; raise InvalidSnapshot naming the field and the reason."""
+def parse_snapshot(
+    data: bytes | str | Mapping[str, Any],
+    settings: Settings,
+    *,
+    earlier: ParsedSnapshot | None = None,
+) -> ParsedSnapshot:
+    """Validate a snapshot completely; raise InvalidSnapshot naming the field and the reason.
+
+    ``earlier``: a snapshot of the same conversation parsed before; the messages this one
+    shares with it from the start are reused instead of normalized again (the result is the
+    same either way)."""
     limits = settings.compaction
     value = (
         data
@@ -77,7 +138,8 @@ def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) ->
     )
     if not isinstance(value, Mapping):
         raise InvalidSnapshot("", "a snapshot must be a JSON object")
-    _check_text_encodable(value)
+    if isinstance(data, Mapping) or _may_hold_surrogate(data):
+        _check_text_encodable(value)
     try:
         snapshot = Snapshot.model_validate(value)
     except ValidationError as exc:
@@ -88,10 +150,46 @@ def parse_snapshot(data: bytes | str | Mapping[str, Any], settings: Settings) ->
         )
     effective = _effective_settings(settings, snapshot)
     ids = formats.source_ids(snapshot.messages)
+    shared = _shared_prefix(earlier, snapshot, ids)
     messages = formats.to_messages(
-        snapshot.format, snapshot.messages, system=snapshot.system, ids=ids
+        snapshot.format,
+        snapshot.messages,
+        system=snapshot.system,
+        ids=ids,
+        known=earlier.messages if earlier is not None and shared else None,
+        known_count=shared,
     )
     return ParsedSnapshot(snapshot=snapshot, messages=messages, source_ids=ids, settings=effective)
+
+
+def _shared_prefix(earlier: ParsedSnapshot | None, snapshot: Snapshot, ids: list[str]) -> int:
+    """How many leading wire messages of ``snapshot`` normalize as ``earlier``'s did."""
+    if (
+        earlier is None
+        or earlier.conversation_id != snapshot.conversation_id
+        or earlier.snapshot.format != snapshot.format
+        or earlier.snapshot.system != snapshot.system
+    ):
+        return 0
+    shared = formats.reusable_prefix(snapshot.format, earlier.snapshot.messages, snapshot.messages)
+    # Equal messages can still differ in id: a derived id hashes JSON, where 1 and 1.0 differ.
+    for index in range(shared):
+        if ids[index] != earlier.source_ids[index]:
+            return index
+    return shared
+
+
+# Decoded JSON can only hold a lone surrogate that came as a \uD800-\uDFFF escape (strict
+# UTF-8 decoding refuses encoded ones) or, in str input, as the character itself. Text with
+# neither skips the full check: a second serialization of the whole snapshot.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_IN_STR = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+
+
+def _may_hold_surrogate(data: bytes | str) -> bool:
+    if isinstance(data, bytes):
+        return _SURROGATE_ESCAPE.search(data) is not None
+    return _SURROGATE_IN_STR.search(data) is not None
 
 
 def _check_text_encodable(value: Mapping[str, Any]) -> None:
@@ -103,6 +201,8 @@ def _check_text_encodable(value: Mapping[str, Any]) -> None:
         ) from None
     except RecursionError:
         raise InvalidSnapshot("", "JSON nested too deeply") from None
+    except (TypeError, ValueError) as exc:  # a Mapping from Python: a cycle, a non-JSON value
+        raise InvalidSnapshot("", f"not JSON: {exc}") from None
 
 
 def _effective_settings(settings: Settings, snapshot: Snapshot) -> Settings:

@@ -147,11 +147,15 @@ class TiktokenTokenizer:
     def __init__(self, model: str | None = None, *, cache_size: int = 200_000) -> None:
         self.name = encoding_name_for_model(model)
         self._encoding = get_encoding(self.name)
-        self._cache: ContentCache[int] = ContentCache(cache_size)
+        self._cache: ContentCache[int] = ContentCache(cache_size, name=f"tokens:{self.name}")
 
     @property
     def misses(self) -> int:
         return self._cache.misses
+
+    @property
+    def cache(self) -> ContentCache[int]:
+        return self._cache
 
     def _encode_len(self, text: str) -> int:
         return len(self._encoding.encode(text, disallowed_special=()))

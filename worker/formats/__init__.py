@@ -18,11 +18,15 @@ _MODULES = {"openai": openai, "anthropic": anthropic}
 MAX_ID_CHARS = 256
 
 
-def source_ids(raw_messages: list[dict[str, Any]]) -> list[str]:
-    """Each wire message's id: its own ``id`` when it has one, else a stable derived id."""
-    ids: list[str] = []
-    seen: set[str] = set()
-    for index, raw in enumerate(raw_messages):
+def source_ids(raw_messages: list[dict[str, Any]], *, known: list[str] | None = None) -> list[str]:
+    """Each wire message's id: its own ``id`` when it has one, else a stable derived id.
+
+    ``known`` are the ids of a prefix of ``raw_messages`` already computed (an earlier snapshot
+    of the same conversation that starts with the same messages)."""
+    ids: list[str] = list(known or ())
+    seen: set[str] = set(ids)
+    for index in range(len(ids), len(raw_messages)):
+        raw = raw_messages[index]
         if not isinstance(raw, dict):
             raise InvalidSnapshot(f"messages[{index}]", "must be an object")
         own = raw.get("id")
@@ -44,12 +48,43 @@ def to_messages(
     *,
     system: Any = None,
     ids: list[str] | None = None,
+    known: list[Message] | None = None,
+    known_count: int = 0,
 ) -> list[Message]:
-    """Validate and normalize; ``ids`` are the wire messages' ids when already computed."""
+    """Validate and normalize; ``ids`` are the wire messages' ids when already computed.
+
+    ``known`` are the normalized messages of an earlier snapshot whose first ``known_count``
+    wire messages (and system prompt) equal these: they are reused, not normalized again."""
     ids = source_ids(raw_messages) if ids is None else ids
-    messages: list[Message] = _MODULES[fmt].to_messages(raw_messages, ids, system=system)
-    check_tool_pairing(messages)
-    return messages
+    module = _MODULES[fmt]
+    if known is not None and known_count:
+        out = [m for m in known if m.source_index < known_count]
+    else:
+        out, known_count = module.system_messages(system), 0
+    names = {c.id: c.name for m in out for c in m.tool_calls}
+    for index in range(known_count, len(raw_messages)):
+        for message in module.wire_message(index, raw_messages[index], ids[index], names):
+            names.update((c.id, c.name) for c in message.tool_calls)
+            out.append(message)
+    check_tool_pairing(out)
+    return out
+
+
+def reusable_prefix(
+    fmt: WireFormat,
+    earlier: list[dict[str, Any]],
+    raw_messages: list[dict[str, Any]],
+) -> int:
+    """How many leading wire messages of ``raw_messages`` normalize exactly as those of an
+    earlier snapshot (same format and system prompt) did: equal, and of a kind for which equal
+    means the same normalized message."""
+    reusable = _MODULES[fmt].reusable
+    count = 0
+    for old, new in zip(earlier, raw_messages, strict=False):
+        if old != new or not reusable(new):
+            break
+        count += 1
+    return count
 
 
 def check_tool_pairing(messages: list[Message]) -> None:

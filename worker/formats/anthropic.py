@@ -16,25 +16,31 @@ from worker.models import Message, ToolCall
 _PLACEHOLDER_BLOCKS = {"image", "document", "redacted_thinking", "search_result"}
 
 
-def to_messages(
-    raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any
-) -> list[Message]:
-    out: list[Message] = []
-    if system is not None:
-        text = system if isinstance(system, str) else _texts(system, "system", allow=())
-        out.append(Message(id="system", role="system", content=text, source_index=-1))
-    names: dict[str, str] = {}
-    for index, raw in enumerate(raw_messages):
-        role = raw.get("role")
-        if role == "assistant":
-            msg = _assistant(index, raw, ids[index])
-            names.update((c.id, c.name) for c in msg.tool_calls)
-            out.append(msg)
-        elif role == "user":
-            out.extend(_user(index, raw, ids[index], names))
-        else:
-            raise InvalidSnapshot(f"messages[{index}].role", f"unknown role {role!r}")
-    return out
+def system_messages(system: Any) -> list[Message]:
+    if system is None:
+        return []
+    text = system if isinstance(system, str) else _texts(system, "system", allow=())
+    return [Message(id="system", role="system", content=text, source_index=-1)]
+
+
+def reusable(raw: dict[str, Any]) -> bool:
+    """Whether an equal (``==``) wire message always normalizes to the same message. Not with a
+    ``tool_use`` block: its input becomes JSON text, in which key order and 1 vs 1.0 vs true
+    show, though Python's ``==`` ignores them."""
+    content = raw.get("content")
+    return not isinstance(content, list) or not any(
+        isinstance(b, dict) and b.get("type") == "tool_use" for b in content
+    )
+
+
+def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
+    """The internal messages of one wire message; ``names`` maps earlier call ids to tools."""
+    role = raw.get("role")
+    if role == "assistant":
+        return [_assistant(index, raw, mid)]
+    if role == "user":
+        return _user(index, raw, mid, names)
+    raise InvalidSnapshot(f"messages[{index}].role", f"unknown role {role!r}")
 
 
 def _blocks(raw: dict[str, Any], where: str) -> list[dict[str, Any]]:

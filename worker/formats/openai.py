@@ -20,18 +20,22 @@ _ROLES = {
 _PART_TYPES = {"text", "refusal", "image_url", "input_audio", "file"}
 
 
-def to_messages(
-    raw_messages: list[dict[str, Any]], ids: list[str], *, system: Any
-) -> list[Message]:
+def system_messages(system: Any) -> list[Message]:
     if system is not None:
         raise InvalidSnapshot("system", "only the anthropic format has a top-level system")
-    names: dict[str, str] = {}
-    out = []
-    for index, raw in enumerate(raw_messages):
-        msg = _message(index, raw, ids[index], names)
-        names.update((c.id, c.name) for c in msg.tool_calls)
-        out.append(msg)
-    return out
+    return []
+
+
+def reusable(raw: dict[str, Any]) -> bool:
+    """Whether an equal (``==``) wire message always normalizes to the same message: here
+    always, as every field read is a string, and strings only equal strings."""
+    del raw
+    return True
+
+
+def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
+    """The internal message of one wire message; ``names`` maps earlier call ids to tools."""
+    return [_message(index, raw, mid, names)]
 
 
 def _message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:

@@ -1,0 +1,321 @@
+"""A conversation's evaluation memo and the in-process reuse of its last parse: each may only
+save work, never change a result."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.cache import ContentCache, recording
+from worker.config import Settings
+from worker.memo import (
+    MAX_MEMO_BYTES,
+    StoredMemo,
+    decode_memo,
+    encode_memo,
+    preload,
+    worth_rewriting,
+)
+from worker.pipeline import evaluate, evaluate_with_memo, tokenizer_of
+from worker.snapshots import ParsedSnapshot, RecentSnapshots, parse_snapshot
+from worker.tokens import TiktokenTokenizer
+
+DEFAULT = Settings()
+
+# --- the memo's encoding -------------------------------------------------------------------------
+
+keys = st.one_of(st.binary(min_size=16, max_size=16), st.text(max_size=40))
+
+
+@settings(max_examples=200)
+@given(
+    st.dictionaries(keys, st.integers(min_value=0, max_value=10**9), max_size=20),
+    st.dictionaries(keys, st.one_of(st.none(), st.text(max_size=80)), max_size=20),
+)
+def test_memo_round_trips_keys_and_values_exactly(
+    counts: dict[Any, int], bodies: dict[Any, str | None]
+) -> None:
+    recorded = {"tokens:o200k_base": counts, "compressed": bodies}
+    blob = encode_memo(recorded)
+    assert blob is not None
+    assert decode_memo(blob) == {name: v for name, v in recorded.items() if v}
+
+
+def test_lone_surrogates_survive_the_memo() -> None:
+    recorded = {"tokens:o200k_base": {"a\ud800b": 3}}
+    assert decode_memo(encode_memo(recorded)) == recorded
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        None,
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b'{"v": 99, "caches": {}}',
+        b'{"v": 1}',
+        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc", -1]]}}',
+        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc", "12"]]}}',
+        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc", true]]}}',
+        b'{"v": 1, "caches": {"compressed": [["sabc", 5]]}}',
+        b'{"v": 1, "caches": {"tokens:o200k_base": [["xabc", 5]]}}',
+        b'{"v": 1, "caches": {"tokens:o200k_base": [["hzz", 5]]}}',
+        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc"]]}}',
+    ],
+)
+def test_a_memo_that_cannot_be_trusted_is_ignored(blob: bytes | None) -> None:
+    assert decode_memo(blob) == {}
+
+
+def test_an_oversized_memo_keeps_its_counts_and_drops_bodies() -> None:
+    big = "x" * (MAX_MEMO_BYTES // 2)
+    recorded = {
+        "tokens:o200k_base": {b"k" * 16: 7},
+        "compressed": {b"a" * 16: big, b"b" * 16: big + "y", b"c" * 16: None},
+    }
+    assert decode_memo(encode_memo(recorded)) == {
+        "tokens:o200k_base": {b"k" * 16: 7},
+        "compressed": {b"c" * 16: None},
+    }
+
+
+def test_preload_fills_only_the_named_caches_and_keeps_what_is_there() -> None:
+    tokens: ContentCache[int] = ContentCache(10, name="tokens:x")
+    tokens.get_or_compute("held", lambda: 1)
+    added = preload({"tokens:x": {"held": 99, "new": 2}, "other": {"z": 3}}, {"tokens:x": tokens})
+    assert added == 1
+    assert tokens.get_or_compute("held", lambda: -1) == 1
+    assert tokens.get_or_compute("new", lambda: -1) == 2
+
+
+def test_rewrite_only_when_the_stored_memo_falls_behind() -> None:
+    stored = StoredMemo(digest=b"d", entries=100, evictions=0)
+    assert worth_rewriting(5, None)
+    assert not worth_rewriting(110, stored)
+    assert worth_rewriting(111, stored)
+
+
+# --- recording -----------------------------------------------------------------------------------
+
+
+def test_recording_notes_entries_used_and_computed_per_task() -> None:
+    cache: ContentCache[int] = ContentCache(10, name="c")
+    cache.get_or_compute("warm", lambda: 1)
+    with recording() as recorded:
+        cache.get_or_compute("warm", lambda: -1)
+        cache.get_or_compute("cold", lambda: 2)
+    cache.get_or_compute("outside", lambda: 3)
+    assert recorded.used == {"c": {"warm": 1, "cold": 2}}
+    assert recorded.computed["c"] == 1
+
+
+def test_evictions_are_counted() -> None:
+    cache: ContentCache[int] = ContentCache(2, name="c")
+    for key in "abcd":
+        cache.get_or_compute(key, lambda: 0)
+    assert cache.evictions == 2
+
+
+# --- the memo through evaluation ----------------------------------------------------------------
+
+
+def conversation(turns: int, *, revision: int = 1) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for k in range(turns):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Step {k}.",
+                "tool_calls": [
+                    {
+                        "id": f"call{k}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": f'{{"command": "ls d{k}"}}'},
+                    }
+                ],
+            }
+        )
+        listing = "\n".join(f"src/pkg{k}/module_{i}.py" for i in range(60))
+        messages.append({"role": "tool", "tool_call_id": f"call{k}", "content": listing})
+    return {"conversation_id": "c-memo", "revision": revision, "messages": messages}
+
+
+def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker process that never saw the conversation has: empty caches."""
+    import worker.projection as projection
+    import worker.tokens as tokens
+
+    monkeypatch.setattr(tokens, "_tokenizers", {})
+    monkeypatch.setattr(
+        projection, "_compressed_bodies", ContentCache(1000, name=projection.COMPRESSED_CACHE)
+    )
+
+
+def test_a_grown_conversation_on_another_process_computes_only_its_new_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fresh_caches(monkeypatch)
+    first = parse_snapshot(conversation(6), DEFAULT)
+    _, update = evaluate_with_memo(first, tokenizer_of(first), None)
+    assert update.blob is not None
+    assert update.results_compressed == 6
+
+    fresh_caches(monkeypatch)  # the next snapshot lands on another process
+    grown = parse_snapshot(conversation(8, revision=2), DEFAULT)
+    with_memo, after = evaluate_with_memo(grown, tokenizer_of(grown), update.blob)
+    assert after.results_compressed == 2  # the two new tool results
+    # Two new exchanges: the assistant's text and arguments, the results, and their
+    # compressed forms; the rest came from the memo.
+    assert 0 < after.texts_tokenized <= 8
+
+    fresh_caches(monkeypatch)
+    without = evaluate(grown, tokenizer_of(grown))
+    assert with_memo.projected_tokens == without.projected_tokens
+    assert with_memo.projection.messages == without.projection.messages
+
+
+def test_a_process_that_made_the_memo_does_not_load_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fresh_caches(monkeypatch)
+    first = parse_snapshot(conversation(4), DEFAULT)
+    _, made = evaluate_with_memo(first, tokenizer_of(first), None)
+    assert made.blob is not None
+    grown = parse_snapshot(conversation(5, revision=2), DEFAULT)
+    calls: list[bytes | None] = []
+    import worker.pipeline as pipeline
+
+    real = pipeline.decode_memo
+    monkeypatch.setattr(pipeline, "decode_memo", lambda b: calls.append(b) or real(b))
+    _, again = evaluate_with_memo(grown, tokenizer_of(grown), made.blob, made.stored)
+    assert calls == []
+    # After its caches evicted entries, the process cannot know it still has them: it loads.
+    tokenizer = tokenizer_of(grown)
+    assert isinstance(tokenizer, TiktokenTokenizer)
+    tokenizer.cache.evictions += 1
+    evaluate_with_memo(grown, tokenizer, made.blob, made.stored)
+    assert calls == [made.blob]
+    assert again.stored is not None
+
+
+# --- reusing the last parse ----------------------------------------------------------------------
+
+
+def same_parse(a: ParsedSnapshot, b: ParsedSnapshot) -> None:
+    assert a.source_ids == b.source_ids
+    assert a.messages == b.messages
+
+
+def test_parsing_with_the_earlier_snapshot_reuses_its_messages() -> None:
+    earlier = parse_snapshot(conversation(5), DEFAULT)
+    grown = conversation(7, revision=2)
+    reused = parse_snapshot(grown, DEFAULT, earlier=earlier)
+    same_parse(reused, parse_snapshot(grown, DEFAULT))
+    assert sum(any(m is e for e in earlier.messages) for m in reused.messages) == 11
+
+
+def test_an_edited_message_is_normalized_again() -> None:
+    earlier = parse_snapshot(conversation(5), DEFAULT)
+    edited = conversation(5, revision=2)
+    edited["messages"][3]["content"] = "Step one, reconsidered."
+    reused = parse_snapshot(edited, DEFAULT, earlier=earlier)
+    same_parse(reused, parse_snapshot(edited, DEFAULT))
+    assert reused.messages[3].content == "Step one, reconsidered."
+    assert reused.messages[3] is not earlier.messages[3]
+
+
+def test_equal_but_differently_typed_json_gets_its_own_derived_id() -> None:
+    # Python's == says 1 == 1.0; the derived id (a hash of the JSON) does not.
+    base = conversation(2)
+    base["messages"][1]["x_priority"] = 1
+    earlier = parse_snapshot(base, DEFAULT)
+    changed = copy.deepcopy(base)
+    changed["messages"][1]["x_priority"] = 1.0
+    reused = parse_snapshot(changed, DEFAULT, earlier=earlier)
+    same_parse(reused, parse_snapshot(changed, DEFAULT))
+    assert reused.source_ids[1] != earlier.source_ids[1]
+
+
+def anthropic_snapshot(tool_input: dict[str, Any], *, revision: int = 1) -> dict[str, Any]:
+    return {
+        "conversation_id": "c-anth",
+        "revision": revision,
+        "format": "anthropic",
+        "system": "Be brief.",
+        "messages": [
+            {"id": "u1", "role": "user", "content": "Go."},
+            {
+                "id": "a1",
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "run", "input": tool_input}],
+            },
+            {
+                "id": "u2",
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "done"}],
+            },
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [({"a": 1, "b": 2}, {"b": 2, "a": 1}), ({"n": 1}, {"n": 1.0}), ({"n": 1}, {"n": True})],
+)
+def test_anthropic_tool_input_that_is_equal_in_python_but_not_in_json(
+    before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    earlier = parse_snapshot(anthropic_snapshot(before), DEFAULT)
+    changed = anthropic_snapshot(after, revision=2)
+    reused = parse_snapshot(changed, DEFAULT, earlier=earlier)
+    same_parse(reused, parse_snapshot(changed, DEFAULT))
+    assert reused.messages[2].tool_calls[0].arguments == json.dumps(after)
+
+
+def test_another_system_prompt_or_conversation_reuses_nothing() -> None:
+    earlier = parse_snapshot(anthropic_snapshot({"a": 1}), DEFAULT)
+    other = anthropic_snapshot({"a": 1}, revision=2)
+    other["system"] = "Be thorough."
+    reused = parse_snapshot(other, DEFAULT, earlier=earlier)
+    assert reused.messages[0].content == "Be thorough."
+    assert not any(m is e for m in reused.messages for e in earlier.messages)
+    renamed = conversation(3)
+    renamed["conversation_id"] = "c-other"
+    mine = parse_snapshot(conversation(3), DEFAULT)
+    theirs = parse_snapshot(renamed, DEFAULT, earlier=mine)
+    assert not any(m is e for m in theirs.messages for e in mine.messages)
+
+
+def test_a_grown_snapshot_still_gets_every_check() -> None:
+    from worker.errors import InvalidSnapshot
+
+    earlier = parse_snapshot(conversation(3), DEFAULT)
+    bad = conversation(4, revision=2)
+    bad["messages"][-1]["tool_call_id"] = "call0"  # a second result for an answered call
+    with pytest.raises(InvalidSnapshot, match="second result"):
+        parse_snapshot(bad, DEFAULT, earlier=earlier)
+
+
+def test_recent_snapshots_are_bounded_by_payload_bytes() -> None:
+    recent = RecentSnapshots(max_bytes=250)
+    parsed = {
+        cid: parse_snapshot({**conversation(1), "conversation_id": cid}, DEFAULT)
+        for cid in ("a", "b", "c")
+    }
+    recent.put(parsed["a"], 100)
+    recent.put(parsed["b"], 100)
+    assert recent.get("a") is parsed["a"]  # now the most recent
+    recent.put(parsed["c"], 100)  # 300 > 250: the least recent (b) goes
+    assert recent.get("b") is None
+    assert recent.get("a") is parsed["a"] and recent.get("c") is parsed["c"]
+    recent.put(parsed["b"], 1000)  # bigger than the whole bound: not kept
+    assert recent.get("b") is None
+    recent.remember_memo("a", StoredMemo(b"d", 1, 0))
+    recent.remember_memo("b", StoredMemo(b"d", 1, 0))  # not kept: no memo either
+    assert recent.stored_memo("a") is not None and recent.stored_memo("b") is None
