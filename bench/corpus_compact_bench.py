@@ -52,10 +52,9 @@ def _cold_caches() -> None:
     """Forget cached counts and compressed results: the timing is a first evaluation."""
     import worker.projection
     import worker.tokens
-    from worker.cache import ContentCache
 
     worker.tokens._tokenizers.clear()
-    worker.projection._compressed_bodies = ContentCache(50_000)
+    worker.projection._compressed_front = worker.projection.new_compression_cache()
     worker.tokens.tokenizer_for("gpt-4.1")  # the encoding itself stays loaded
 
 

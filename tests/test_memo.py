@@ -152,9 +152,7 @@ def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     import worker.tokens as tokens
 
     monkeypatch.setattr(tokens, "_tokenizers", {})
-    monkeypatch.setattr(
-        projection, "_compressed_bodies", ContentCache(1000, name=projection.COMPRESSED_CACHE)
-    )
+    monkeypatch.setattr(projection, "_compressed_front", projection.new_compression_cache())
 
 
 def test_a_grown_conversation_on_another_process_computes_only_its_new_messages(
@@ -242,6 +240,62 @@ def test_equal_but_differently_typed_json_gets_its_own_derived_id() -> None:
     assert reused.source_ids[1] != earlier.source_ids[1]
 
 
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def has_number_or_boolean(value: Any) -> bool:
+    if isinstance(value, bool | int | float):
+        return True
+    if isinstance(value, list):
+        return any(has_number_or_boolean(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_number_or_boolean(v) for v in value.values())
+    return False
+
+
+@settings(max_examples=500)
+@given(json_values)
+def test_plain_json_is_exactly_json_without_numbers_or_booleans(value: Any) -> None:
+    from worker.models import is_plain_json
+
+    assert is_plain_json(value) == (not has_number_or_boolean(value))
+
+
+@settings(max_examples=300)
+@given(json_values, json_values)
+def test_equal_plain_json_has_the_same_canonical_form(a: Any, b: Any) -> None:
+    """Why a plain message equal to the prior one may keep its derived id."""
+    from worker.models import canonical_json, is_plain_json
+
+    if a == b and is_plain_json(a):
+        assert canonical_json(a) == canonical_json(b)
+
+
+def test_plain_messages_keep_their_derived_ids_and_others_are_hashed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import worker.formats as formats
+
+    base = conversation(3)
+    base["messages"][2]["x_score"] = 5  # not plain: its id is always derived again
+    earlier = parse_snapshot(base, DEFAULT)
+    hashed: list[int] = []
+    real = formats.derived_message_id
+    monkeypatch.setattr(formats, "derived_message_id", lambda i, r: hashed.append(i) or real(i, r))
+    grown = {
+        **conversation(4, revision=2),
+        "messages": [*base["messages"], *conversation(4)["messages"][7:]],
+    }
+    reused = parse_snapshot(grown, DEFAULT, earlier=earlier)
+    assert hashed == [2, 7, 8]
+    monkeypatch.undo()
+    same_parse(reused, parse_snapshot(grown, DEFAULT))
+
+
 def anthropic_snapshot(tool_input: dict[str, Any], *, revision: int = 1) -> dict[str, Any]:
     return {
         "conversation_id": "c-anth",
@@ -290,6 +344,18 @@ def test_another_system_prompt_or_conversation_reuses_nothing() -> None:
     mine = parse_snapshot(conversation(3), DEFAULT)
     theirs = parse_snapshot(renamed, DEFAULT, earlier=mine)
     assert not any(m is e for m in theirs.messages for e in mine.messages)
+
+
+def test_deeply_nested_messages_are_hashed_again_not_crashed() -> None:
+    deep: Any = "leaf"
+    for _ in range(600):  # fine for JSON; deeper than Python's recursion limit allows a walk
+        deep = [deep]
+    base = conversation(1)
+    base["messages"][1]["x_deep"] = deep
+    earlier = parse_snapshot(json.dumps(base).encode(), DEFAULT)
+    grown = json.dumps({**base, "revision": 2}).encode()
+    again = parse_snapshot(grown, DEFAULT, earlier=earlier)
+    assert again.source_ids == earlier.source_ids
 
 
 def test_a_grown_snapshot_still_gets_every_check() -> None:

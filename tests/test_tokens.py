@@ -332,7 +332,7 @@ def test_cache_counts_only_new_texts() -> None:
 
 
 def test_cache_distinguishes_texts_and_evicts_when_full() -> None:
-    tok = TiktokenTokenizer(None, cache_size=2)
+    tok = TiktokenTokenizer(None, cache_size=2, front_chars=0)
     a, b, c = _long(1), _long(2), _long(3) + " different"
     assert [tok.count(a), tok.count(b), tok.count(c)] == [count_tokens(t) for t in (a, b, c)]
     assert tok.misses == 3
@@ -340,6 +340,28 @@ def test_cache_distinguishes_texts_and_evicts_when_full() -> None:
     assert tok.misses == 3
     tok.count(a)  # evicted by the bound of two
     assert tok.misses == 4
+
+
+def test_front_cache_is_bounded_by_characters_and_falls_back_to_digests() -> None:
+    a, b = _long(1), _long(2)
+    tok = TiktokenTokenizer(None, front_chars=len(a) + len(b) - 1)  # room for one of the two
+    assert [tok.count(a), tok.count(b)] == [count_tokens(a), count_tokens(b)]
+    assert tok.misses == 2
+    # a was pushed out of the front, but its digest entry answers (no new encoding).
+    assert tok.count("".join(a)) == count_tokens(a)
+    assert tok.misses == 2
+
+
+def test_front_cache_hits_are_recorded_for_the_memo() -> None:
+    from worker.cache import recording
+
+    tok = TiktokenTokenizer(None)
+    text = _long(5)
+    tok.count(text)
+    with recording() as recorded:
+        tok.count(text)  # answered by the front: still noted, under its digest
+    assert list(recorded.used[tok.cache.name].values()) == [count_tokens(text)]
+    assert recorded.computed[tok.cache.name] == 0
 
 
 # --- cut_to_tokens ------------------------------------------------------------------------------

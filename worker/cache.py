@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -100,3 +100,56 @@ class ContentCache(Generic[V]):
         if len(self._data) > self._max:
             self._data.popitem(last=False)
             self.evictions += 1
+
+
+H = TypeVar("H", bound=Hashable)
+
+
+class FrontCache(Generic[H, V]):
+    """A :class:`ContentCache` fronted by the texts themselves: Python computes a string's hash
+    once per string object, so a message this process has parsed before (the parse reuses it)
+    costs one dict lookup instead of a content digest. Bounded by the summed ``size_of`` of its
+    keys (characters); the digest-keyed cache behind it is what memos fill and carry."""
+
+    def __init__(
+        self,
+        back: ContentCache[V],
+        *,
+        max_size: int,
+        size_of: Callable[[H], int],
+        key_of: Callable[[H], Key],
+    ) -> None:
+        self.back = back
+        self._front: dict[H, tuple[V, Key]] = {}
+        self._max_size = max_size
+        self._size = 0
+        self._size_of = size_of
+        self._key_of = key_of
+        self._lock = threading.Lock()
+
+    def get_or_compute(self, item: H, compute: Callable[[], V]) -> V:
+        hit = self._front.get(item)
+        if hit is not None:
+            value, key = hit
+            recorded = _recorder.get()
+            if recorded is not None:
+                recorded.used.setdefault(self.back.name, {})[key] = value
+            return value
+        key = self._key_of(item)
+        value = self.back.get_or_compute(key, compute)
+        self._remember(item, value, key)
+        return value
+
+    def _remember(self, item: H, value: V, key: Key) -> None:
+        size = self._size_of(item)
+        if size > self._max_size:
+            return
+        with self._lock:
+            if item in self._front:
+                return
+            self._front[item] = (value, key)
+            self._size += size
+            while self._size > self._max_size:  # oldest first: dicts keep insertion order
+                oldest = next(iter(self._front))
+                del self._front[oldest]
+                self._size -= self._size_of(oldest)

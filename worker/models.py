@@ -190,6 +190,19 @@ def derived_message_id(index: int, raw: Any) -> str:
     return f"m{index}-{digest[:12]}"
 
 
+def is_plain_json(value: Any) -> bool:
+    """Whether a JSON value holds only strings and nulls (in any lists and objects): then two
+    values that are ``==`` have the same JSON text."""
+    kind = type(value)
+    if kind is str or value is None:
+        return True
+    if kind is dict:
+        return all(is_plain_json(v) for v in value.values())
+    if kind is list:
+        return all(is_plain_json(v) for v in value)
+    return False
+
+
 def event_id_for(conversation_id: str, revision: int, kind: str, *parts: object) -> str:
     """Deterministic, so a redelivered task re-creates the same event, not a second one."""
     key = canonical_json([conversation_id, revision, kind, *map(str, parts)])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
-from worker.cache import ContentCache, content_key
+from worker.cache import ContentCache, FrontCache, content_key
 from worker.compress import compress_tool_result
 from worker.config import CompactionConfig, ProjectedToolResultBudget
 from worker.models import ElidedResult, Message
@@ -85,21 +85,34 @@ def project(messages: list[Message], policy: ProjectionPolicy) -> Projection:
 # Compression is deterministic, so each distinct result is compressed once per process (and
 # the outcome travels with the conversation's memo). None: the result stays as it is.
 COMPRESSED_CACHE = "compressed"
-_compressed_bodies: ContentCache[str | None] = ContentCache(50_000, name=COMPRESSED_CACHE)
+# (tool, result, model, gate) -> the compressed body, in front of the digest-keyed cache.
+CompressionInput = tuple[str, str, str, str]
+
+
+def new_compression_cache() -> FrontCache[CompressionInput, str | None]:
+    return FrontCache(
+        ContentCache(50_000, name=COMPRESSED_CACHE),
+        max_size=32 * 2**20,
+        size_of=lambda item: len(item[1]),
+        key_of=lambda item: content_key(*item),
+    )
+
+
+_compressed_front = new_compression_cache()
 
 
 def compressed_bodies() -> ContentCache[str | None]:
-    return _compressed_bodies
+    return _compressed_front.back
 
 
 def _compressed(message: Message, policy: ProjectionPolicy) -> str:
-    key = content_key(
+    item = (
         message.tool_name or "",
         message.content,
         policy.model or "",
         f"{policy.compress_min_tokens}:{policy.compress_min_saving}",
     )
-    body = _compressed_bodies.get_or_compute(key, lambda: _compress_now(message, policy))
+    body = _compressed_front.get_or_compute(item, lambda: _compress_now(message, policy))
     return message.content if body is None else body
 
 

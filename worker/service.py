@@ -167,7 +167,8 @@ class Service:
         if not changed:
             return parsed
         raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
-        return parse_snapshot(raw, self.settings)  # validates the ids of the result too
+        # Validates the ids of the result too; what precedes the compacted range is reused.
+        return parse_snapshot(raw, self.settings, earlier=parsed)
 
     # --- summarize ---------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +39,7 @@ class ParsedSnapshot:
     messages: list[Message]
     source_ids: list[str]
     settings: Settings
+    plain: list[bool | None] = field(default_factory=list)  # per wire message (identify)
 
     @property
     def conversation_id(self) -> str:
@@ -149,34 +150,33 @@ def parse_snapshot(
             "messages", f"{len(snapshot.messages)} messages; the limit is {limits.max_messages}"
         )
     effective = _effective_settings(settings, snapshot)
-    ids = formats.source_ids(snapshot.messages)
-    shared = _shared_prefix(earlier, snapshot, ids)
+    prior = _prior(earlier, snapshot)
+    ids, plain = formats.identify(snapshot.messages, prior)
     messages = formats.to_messages(
-        snapshot.format,
-        snapshot.messages,
-        system=snapshot.system,
-        ids=ids,
-        known=earlier.messages if earlier is not None and shared else None,
-        known_count=shared,
+        snapshot.format, snapshot.messages, system=snapshot.system, ids=ids, prior=prior
     )
-    return ParsedSnapshot(snapshot=snapshot, messages=messages, source_ids=ids, settings=effective)
+    return ParsedSnapshot(
+        snapshot=snapshot, messages=messages, source_ids=ids, settings=effective, plain=plain
+    )
 
 
-def _shared_prefix(earlier: ParsedSnapshot | None, snapshot: Snapshot, ids: list[str]) -> int:
-    """How many leading wire messages of ``snapshot`` normalize as ``earlier``'s did."""
+def _prior(earlier: ParsedSnapshot | None, snapshot: Snapshot) -> formats.Prior | None:
+    """What ``snapshot`` may reuse of an earlier parse of its conversation."""
     if (
         earlier is None
         or earlier.conversation_id != snapshot.conversation_id
         or earlier.snapshot.format != snapshot.format
         or earlier.snapshot.system != snapshot.system
+        or len(earlier.plain) != len(earlier.source_ids)
     ):
-        return 0
-    shared = formats.reusable_prefix(snapshot.format, earlier.snapshot.messages, snapshot.messages)
-    # Equal messages can still differ in id: a derived id hashes JSON, where 1 and 1.0 differ.
-    for index in range(shared):
-        if ids[index] != earlier.source_ids[index]:
-            return index
-    return shared
+        return None
+    return formats.Prior(
+        raw=earlier.snapshot.messages,
+        ids=earlier.source_ids,
+        plain=earlier.plain,
+        messages=earlier.messages,
+        equal=formats.equal_prefix(earlier.snapshot.messages, snapshot.messages),
+    )
 
 
 # Decoded JSON can only hold a lone surrogate that came as a \uD800-\uDFFF escape (strict

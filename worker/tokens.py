@@ -21,7 +21,7 @@ from typing import Protocol
 
 import tiktoken
 
-from worker.cache import ContentCache, content_key
+from worker.cache import ContentCache, FrontCache, content_key
 from worker.errors import TokenizerUnavailable
 
 DEFAULT_ENCODING = "o200k_base"
@@ -136,6 +136,9 @@ class Tokenizer(Protocol):
 
 
 SHORT_TEXT_CHARS = 256
+# Texts kept as keys of the front cache, per encoding: most are the very strings of recently
+# parsed snapshots, held anyway by the process's recent parses.
+TEXT_FRONT_CHARS = 32 * 2**20
 
 
 class TiktokenTokenizer:
@@ -144,10 +147,19 @@ class TiktokenTokenizer:
     Counting a grown conversation then costs only its new (or newly projected) texts.
     """
 
-    def __init__(self, model: str | None = None, *, cache_size: int = 200_000) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        cache_size: int = 200_000,
+        front_chars: int = TEXT_FRONT_CHARS,
+    ) -> None:
         self.name = encoding_name_for_model(model)
         self._encoding = get_encoding(self.name)
         self._cache: ContentCache[int] = ContentCache(cache_size, name=f"tokens:{self.name}")
+        self._front: FrontCache[str, int] = FrontCache(
+            self._cache, max_size=front_chars, size_of=len, key_of=_text_key
+        )
 
     @property
     def misses(self) -> int:
@@ -161,9 +173,12 @@ class TiktokenTokenizer:
         return len(self._encoding.encode(text, disallowed_special=()))
 
     def count(self, text: str) -> int:
-        # Short texts (roles, names, small arguments) are their own key: cheaper than a digest.
-        key: str | bytes = text if len(text) <= SHORT_TEXT_CHARS else content_key(text)
-        return self._cache.get_or_compute(key, lambda: self._encode_len(text))
+        return self._front.get_or_compute(text, lambda: self._encode_len(text))
+
+
+def _text_key(text: str) -> str | bytes:
+    """Short texts (roles, names, small arguments) are their own key: cheaper than a digest."""
+    return text if len(text) <= SHORT_TEXT_CHARS else content_key(text)
 
 
 class CharEstimateTokenizer:

@@ -8,25 +8,61 @@ wire format so that everything we do not understand, such as images, passes thro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import InvalidSnapshot
 from worker.formats import anthropic, openai
-from worker.models import Message, WireFormat, derived_message_id
+from worker.models import (
+    Message,
+    WireFormat,
+    derived_message_id,
+    is_plain_json,
+)
 
 _MODULES = {"openai": openai, "anthropic": anthropic}
 MAX_ID_CHARS = 256
 
 
-def source_ids(raw_messages: list[dict[str, Any]], *, known: list[str] | None = None) -> list[str]:
-    """Each wire message's id: its own ``id`` when it has one, else a stable derived id.
+@dataclass(frozen=True)
+class Prior:
+    """An earlier parse of the same conversation, with the same format and system prompt, whose
+    first ``equal`` wire messages equal (``==``) these: what may be reused from it."""
 
-    ``known`` are the ids of a prefix of ``raw_messages`` already computed (an earlier snapshot
-    of the same conversation that starts with the same messages)."""
-    ids: list[str] = list(known or ())
-    seen: set[str] = set(ids)
-    for index in range(len(ids), len(raw_messages)):
-        raw = raw_messages[index]
+    raw: list[dict[str, Any]]
+    ids: list[str]
+    plain: list[bool | None]  # per wire message: no number or boolean in it (None: not known)
+    messages: list[Message]
+    equal: int
+
+
+def equal_prefix(earlier: list[dict[str, Any]], raw_messages: list[dict[str, Any]]) -> int:
+    count = 0
+    for old, new in zip(earlier, raw_messages, strict=False):
+        if old != new:
+            break
+        count += 1
+    return count
+
+
+def source_ids(raw_messages: list[dict[str, Any]]) -> list[str]:
+    """Each wire message's id: its own ``id`` when it has one, else a stable derived id."""
+    return identify(raw_messages)[0]
+
+
+def identify(
+    raw_messages: list[dict[str, Any]], prior: Prior | None = None
+) -> tuple[list[str], list[bool | None]]:
+    """Each wire message's id, and whether it is plain (holds no number or boolean), where
+    that was worth finding out.
+
+    A derived id hashes the message's JSON, where 1, 1.0 and true differ though Python's ``==``
+    holds them equal; so only a plain message equal to the prior one reuses its derived id.
+    Plainness is found out the first time a message is seen again, and then carried along."""
+    ids: list[str] = []
+    plain: list[bool | None] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_messages):
         if not isinstance(raw, dict):
             raise InvalidSnapshot(f"messages[{index}]", "must be an object")
         own = raw.get("id")
@@ -34,12 +70,29 @@ def source_ids(raw_messages: list[dict[str, Any]], *, known: list[str] | None = 
             raise InvalidSnapshot(
                 f"messages[{index}].id", f"must be a string of 1-{MAX_ID_CHARS} characters"
             )
-        mid = own if own is not None else derived_message_id(index, raw)
+        is_plain: bool | None = None
+        if own is not None:
+            mid = own
+        elif prior is not None and index < prior.equal:
+            is_plain = prior.plain[index]
+            if is_plain is None:
+                is_plain = _is_plain(raw)
+            mid = prior.ids[index] if is_plain else derived_message_id(index, raw)
+        else:
+            mid = derived_message_id(index, raw)
         if mid in seen:
             raise InvalidSnapshot(f"messages[{index}].id", f"duplicate message id {mid!r}")
         seen.add(mid)
         ids.append(mid)
-    return ids
+        plain.append(is_plain)
+    return ids, plain
+
+
+def _is_plain(raw: dict[str, Any]) -> bool:
+    try:
+        return is_plain_json(raw)
+    except RecursionError:  # absurdly deep: just hash it again
+        return False
 
 
 def to_messages(
@@ -48,43 +101,36 @@ def to_messages(
     *,
     system: Any = None,
     ids: list[str] | None = None,
-    known: list[Message] | None = None,
-    known_count: int = 0,
+    prior: Prior | None = None,
 ) -> list[Message]:
     """Validate and normalize; ``ids`` are the wire messages' ids when already computed.
 
-    ``known`` are the normalized messages of an earlier snapshot whose first ``known_count``
-    wire messages (and system prompt) equal these: they are reused, not normalized again."""
+    With a ``prior`` parse, each of its first ``equal`` wire messages that has the same id and
+    is of a kind for which equal means the same normalized message is reused, not normalized
+    again."""
     ids = source_ids(raw_messages) if ids is None else ids
     module = _MODULES[fmt]
-    if known is not None and known_count:
-        out = [m for m in known if m.source_index < known_count]
-    else:
-        out, known_count = module.system_messages(system), 0
+    reuse: dict[int, list[Message]] = {}
+    if prior is not None and prior.equal:
+        for m in prior.messages:
+            reuse.setdefault(m.source_index, []).append(m)
+    out = reuse.pop(-1, []) if reuse else module.system_messages(system)
     names = {c.id: c.name for m in out for c in m.tool_calls}
-    for index in range(known_count, len(raw_messages)):
-        for message in module.wire_message(index, raw_messages[index], ids[index], names):
+    for index, raw in enumerate(raw_messages):
+        if (
+            prior is not None
+            and index < prior.equal
+            and ids[index] == prior.ids[index]
+            and module.reusable(raw)
+        ):
+            normalized = reuse[index]
+        else:
+            normalized = module.wire_message(index, raw, ids[index], names)
+        for message in normalized:
             names.update((c.id, c.name) for c in message.tool_calls)
             out.append(message)
     check_tool_pairing(out)
     return out
-
-
-def reusable_prefix(
-    fmt: WireFormat,
-    earlier: list[dict[str, Any]],
-    raw_messages: list[dict[str, Any]],
-) -> int:
-    """How many leading wire messages of ``raw_messages`` normalize exactly as those of an
-    earlier snapshot (same format and system prompt) did: equal, and of a kind for which equal
-    means the same normalized message."""
-    reusable = _MODULES[fmt].reusable
-    count = 0
-    for old, new in zip(earlier, raw_messages, strict=False):
-        if old != new or not reusable(new):
-            break
-        count += 1
-    return count
 
 
 def check_tool_pairing(messages: list[Message]) -> None:
