@@ -11,14 +11,17 @@ from worker.compress import (
     decompress_tool_result,
     envelope,
     grep_text,
+    long_text,
     ls_text,
     numbered_text,
     paths_text,
     rle_text,
+    tree_text,
 )
 from worker.compress.tally import TokenTally
 from worker.compress.text import TEXT_FORMS, best_form, escape, expand
 from worker.compress.textform import VERBATIM_HEADER, TextForm
+from worker.errors import CompressionError
 from worker.tokens import count_tokens
 
 # --- strategies: text shaped like each codec's input, with every awkward character mixed in ---
@@ -304,3 +307,181 @@ def test_truncated_wrapper_compresses_head_and_tail_apart() -> None:
     outcome = compress_with_stats("bash", raw)
     assert outcome.output.count("[grep output") == 2
     assert decompress_tool_result("bash", outcome.output) == raw
+
+
+# --- listing-tree ---
+
+tree_name = st.text(alphabet="ab_.-:9é", min_size=1, max_size=4)
+tree_heading = st.lists(tree_name, min_size=1, max_size=4).map(lambda names: "/".join(names) + ":")
+tree_block = st.tuples(
+    st.one_of(tree_heading, st.just(""), tree_name),
+    st.lists(st.one_of(tree_name, st.just(""), st.just(":")), max_size=4),
+).map(lambda block: "\n".join([block[0], *block[1]]))
+ls_recursive = st.lists(tree_block, max_size=8).map("\n\n".join)
+
+
+@settings(deadline=None, max_examples=300)
+@given(text=ls_recursive)
+def test_listing_tree_round_trips(text: str) -> None:
+    assert_round_trip(tree_text.FORM, text)
+
+
+def ls_recursive_output() -> str:
+    """A small ``ls -R`` of a Django-like tree: nested directories, names repeated in each."""
+    files = ["__init__.py", "apps.py", "models.py", "views.py", "urls.py", "tests.py"]
+    apps = ("admin", "auth", "flatpages", "messages", "redirects", "sessions", "sites")
+    blocks = [
+        ".:\ndjango\nsetup.py",
+        "./django:\ncontrib\ncore",
+        "./django/contrib:\n" + "\n".join(apps),
+    ]
+    for app in apps:
+        blocks.append(f"./django/contrib/{app}:\n" + "\n".join([*files, "migrations"]))
+        blocks.append(f"./django/contrib/{app}/migrations:\n0001_initial.py\n__init__.py")
+    blocks.append("./django/core:\n__init__.py\nmail\n\n./django/core/mail:\n__init__.py\n")
+    return "\n\n".join(blocks)
+
+
+def test_listing_tree_indents_subdirectories_by_name() -> None:
+    raw = ls_recursive_output()
+    encoded = tree_text.encode(raw)
+    assert encoded is not None
+    lines = encoded.payload.split("\n")
+    assert lines[:3] == [
+        ".: django setup.py",
+        " django: contrib core",
+        "  contrib: admin auth flatpages messages redirects sessions sites",
+    ]
+    assert lines[3].startswith("   admin: __init__.py apps.py")
+    assert lines[4] == "    migrations: 0001_initial.py __init__.py"
+    assert lines[-1] == "   mail: __init__.py "  # the final newline is an empty last entry
+    assert tree_text.decode(encoded.payload) == raw
+    outcome = compress_with_stats("bash", raw)
+    assert outcome.codec == "listing-tree"
+    packed = ls_text.encode(raw)
+    assert packed is not None
+    assert outcome.tokens_after < count_tokens(ls_text.HEADER + packed.payload)
+    assert saving(raw) >= 0.2
+
+
+def test_listing_tree_leaves_spaced_names_and_flat_listings_to_other_forms() -> None:
+    assert tree_text.encode("./a:\nmy file.txt\n\n./a/b:\nx") is None
+    assert tree_text.encode("./a:\nx\n\n./b:\ny") is None  # nothing nested under an earlier one
+    assert tree_text.encode("./a:\nx\n\n\ny") is None  # a block whose first line is blank
+    assert tree_text.encode("./a:\nx\n\n./a/b:\n" + "y\n" * tree_text.MAX_CHARS) is None
+
+
+@pytest.mark.parametrize("payload", [" a: x", "a: x\n  b: y", "a:\n x"])
+def test_listing_tree_refuses_indentation_without_a_heading_above(payload: str) -> None:
+    with pytest.raises(CompressionError):
+        tree_text.decode(payload)
+
+
+# --- long-listing ---
+
+long_row = st.builds(
+    lambda mode, links, owner, group, size, date, name: (
+        mode,
+        links,
+        owner,
+        group,
+        size,
+        date,
+        name,
+    ),
+    st.sampled_from(["drwxr-xr-x", "-rw-r--r--", "lrwxrwxrwx", "-rwxr-xr-x.", "drwxrwxrwt+"]),
+    st.integers(1, 120).map(str),
+    st.sampled_from(["root", "1000", "www-data", "é"]),
+    st.sampled_from(["root", "staff", "1000"]),
+    st.integers(0, 10**7).map(str),
+    st.sampled_from(["Oct 24  2024", "Nov 19 00:06", "Jan  2 09:15", "Oct 24 2024"]),
+    st.one_of(tree_name, st.sampled_from(["a b", "x -> /y", "Oct 24  2024 z", "5 q", " lead"])),
+)
+
+
+def ls_long(rows: list[tuple[str, ...]], *, align: bool) -> str:
+    """Rows as ``ls -l`` pads them (each column to its widest), or padded at random."""
+    widths = [max((len(row[column]) for row in rows), default=0) for column in range(5)]
+    if not align:
+        widths = [width + column % 2 for column, width in enumerate(widths)]
+    return "\n".join(
+        f"{r[0]:<{widths[0]}} {r[1]:>{widths[1]}} {r[2]:<{widths[2]}} {r[3]:<{widths[3]}} "
+        f"{r[4]:>{widths[4]}} {r[5]} {r[6]}"
+        for r in rows
+    )
+
+
+ls_long_like = st.lists(
+    st.one_of(
+        st.builds(ls_long, st.lists(long_row, min_size=1, max_size=8), align=st.booleans()),
+        st.sampled_from(["total 688", "", "./docs:", "ls: cannot access 'x'"]),
+        free_text,
+    ),
+    max_size=6,
+).map("\n".join)
+
+
+@settings(deadline=None, max_examples=300)
+@given(text=ls_long_like)
+def test_long_listing_round_trips(text: str) -> None:
+    assert_round_trip(long_text.FORM, text)
+
+
+@settings(deadline=None, max_examples=200)
+@given(payload=st.one_of(ls_long_like, anything).map(lambda t: "root root Oct 24 2024\n" + t))
+def test_long_listing_expands_any_payload_with_its_first_line(payload: str) -> None:
+    assert isinstance(long_text.decode(payload), str)
+
+
+def test_long_listing_refuses_a_payload_without_its_first_line() -> None:
+    with pytest.raises(CompressionError):
+        long_text.decode("root root\n-rw-r--r-- 1 5 x")
+
+
+def test_long_listing_says_the_common_owner_and_date_once() -> None:
+    names = ["README.rst", "setup.py", "tox.ini", "docs", "src", "tests", ".gitignore"]
+    rows = [
+        ("drwxrwxrwx", "1", "root", "root", "4096", "Oct 24  2024", "."),
+        ("drwxr-xr-x", "1", "root", "root", "4096", "Nov 19 00:06", ".."),
+        *(("-rw-r--r--", "1", "root", "root", str(40 * n**3), "Oct 24  2024", name)
+          for n, name in enumerate(names)),
+        ("-rw-r--r--", "12", "alice", "staff", "7", "Oct 24  2024", "notes -> /tmp/notes"),
+    ]  # fmt: skip
+    raw = "total 688\n" + ls_long(rows, align=True) + "\n"
+    encoded = long_text.encode(raw)
+    assert encoded is not None
+    lines = encoded.payload.split("\n")
+    assert lines[:4] == [
+        "root root Oct 24 2024",
+        "total 688",
+        "drwxrwxrwx 1 4096 .",
+        "drwxr-xr-x 1 4096 Nov 19 00:06 ..",
+    ]
+    assert lines[-2] == "-rw-r--r-- 12 alice staff 7 notes -> /tmp/notes"
+    assert long_text.decode(encoded.payload) == raw
+    assert saving(raw * 3) >= 0.3
+
+
+def test_long_listing_declines_padding_it_cannot_restore() -> None:
+    rows = [("-rw-r--r--", "1", "root", "root", str(n), "Oct 24  2024", f"f{n}") for n in range(6)]
+    assert long_text.encode(ls_long(rows, align=True)) is not None
+    assert long_text.encode(ls_long(rows, align=False)) is None
+
+
+def test_paths_by_dir_keeps_mixed_separators_apart() -> None:
+    raw = "a/b/x\na/b\\y\na/b/z\na/b\\w\na/b\\v"
+    encoded = paths_text.encode(raw)
+    assert encoded is not None
+    assert encoded.payload == "a/b/x\na/b\\y\na/b/z\na/b\\ w v"  # only same-separator runs
+    assert paths_text.decode(encoded.payload) == raw
+
+
+def test_paths_by_dir_looks_for_every_ascii_whitespace_character() -> None:
+    # Lines are scanned for these with str.find when the text is ASCII; the pattern decides
+    # otherwise, and both must agree on what is whitespace.
+    matched = {chr(c) for c in range(128) if paths_text._INLINE_WHITESPACE.match(chr(c))}
+    assert set(paths_text._ASCII_WHITESPACE) == matched
+    for char in matched:
+        encoded = paths_text.encode(f"a/x{char}y\na/b\na/c")
+        assert encoded is not None
+        assert encoded.payload == f"a/x{char}y\na/ b c"  # the line with whitespace stays apart

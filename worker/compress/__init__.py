@@ -10,7 +10,9 @@ Forms, each self-describing (a one-line header for text, a ``_fmt`` key for JSON
 
 - plain text, chosen per output by exact token count: ``grep-by-file`` (grep lines under a
   ``## PATH`` heading), ``paths-by-dir`` (``DIR/ a b``), ``listing-packed`` (``ls`` entries
-  separated by spaces), ``numbered-lines`` (``nl -ba``/``cat -n`` without number padding),
+  separated by spaces), ``listing-tree`` (``ls -R`` packed, subdirectory headings indented by
+  name), ``long-listing`` (``ls -l`` single-spaced, the common owner and date said once),
+  ``numbered-lines`` (``nl -ba``/``cat -n`` without number padding),
   ``repeated-lines`` (``line [xN]``). Shell wrappers such as ``<returncode>..<output>`` stay
   byte for byte around the compressed body.
 - JSON (the seed's): ``grep-v1``, ``glob-v1``, ``csv``, ``rle-lines``, ``read_file-v1`` (field

@@ -14,12 +14,15 @@ import re
 from functools import lru_cache
 
 from worker.compress.limits import ExpansionBudget
-from worker.compress.textform import Encoded, TextForm, line_pieces, sample_lines
+from worker.compress.textform import Encoded, TextForm, sample_lines
 
 NAME = "grep-by-file"
 HEADER = '[grep output, file prefix moved to "## FILE" headings]\n'
 _HEADING = "## "
 _CONTEXT_ROW = re.compile(r"[0-9]+-")
+# A row that needs a closer look under "PATH:" (see _row): "N-...", "--", "## ..." or empty,
+# found after its newline (a literal first character makes the search fast).
+_UNPLAIN_ROW = re.compile(r"\n(?:[0-9]+-|--(?![^\n])|## |(?![^\n]))")
 _MATCH_PATH = re.compile(r"(.+?):[0-9]+:")
 _CONTEXT_PATH = re.compile(r"(.+?)-[0-9]+-")
 _LOOKAHEAD_LINES = 64  # how far a context line looks for the match line that names its file
@@ -27,16 +30,34 @@ _LOOKAHEAD_LINES = 64  # how far a context line looks for the match line that na
 
 def decode(payload: str, budget: ExpansionBudget | None = None) -> str:
     budget = budget or ExpansionBudget(NAME)
+    # Lines starting with "## " are exactly where "\n## " occurs once a newline leads the text.
+    preamble, *sections = ("\n" + payload).split("\n" + _HEADING)
     out: list[str] = []
-    path: str | None = None
-    for line in payload.split("\n"):
-        if line.startswith(_HEADING):
-            path = line[len(_HEADING) :] or None
-            continue
-        expanded = line if path is None else _expand_row(path, line)
-        budget.spend(len(expanded) + 1)
-        out.append(expanded)
+    if preamble:  # verbatim lines before the first heading
+        budget.spend(len(preamble))
+        out.append(preamble[1:])
+    for section in sections:
+        path, newline, rows = section.partition("\n")
+        if newline:  # else a heading with no line after it
+            out.append(_expand_rows(path, rows, budget) if path else _verbatim(rows, budget))
     return "\n".join(out)
+
+
+def _verbatim(rows: str, budget: ExpansionBudget) -> str:
+    budget.spend(len(rows) + 1)
+    return rows
+
+
+def _expand_rows(path: str, rows: str, budget: ExpansionBudget) -> str:
+    """The lines a file's rows stand for, in one replace unless some row needs a closer look."""
+    if _UNPLAIN_ROW.search("\n" + rows) is None:  # every row stands for "PATH:row"
+        budget.spend(len(rows) + 1 + (rows.count("\n") + 1) * (len(path) + 1))
+        return path + ":" + rows.replace("\n", "\n" + path + ":")
+    lines: list[str] = []
+    for row in rows.split("\n"):
+        lines.append(_expand_row(path, row))
+        budget.spend(len(lines[-1]) + 1)
+    return "\n".join(lines)
 
 
 def _expand_row(path: str, row: str) -> str:
@@ -53,13 +74,13 @@ def _row(path: str, line: str) -> str | None:
         return None
     row = line[size + 1 :]
     first = row[:1]
-    if first.isdigit() or first in ("", "-", "#"):
-        # Only rows starting like these can read back differently ("N-", "--", "## ").
-        if row.startswith(_HEADING) or _expand_row(path, row) != line:
-            return None
-    elif line[size] != ":":
-        return None  # "PATH-x" only reads back as itself when x is a context row "N-..."
-    return row
+    if first.isdigit():
+        # Reads back as "PATH-row" exactly when it starts like a context row "N-".
+        return row if (_CONTEXT_ROW.match(row) is not None) == (line[size] == "-") else None
+    if first in ("", "-", "#"):
+        # Only rows starting like these can read back differently ("--", "## ").
+        return None if row.startswith(_HEADING) or _expand_row(path, row) != line else row
+    return row if line[size] == ":" else None  # "PATH-x" only stands for a context row "N-..."
 
 
 @lru_cache(maxsize=4096)
@@ -121,12 +142,11 @@ class _Paths:
 def encode(text: str) -> Encoded | None:
     lines = text.split("\n")
     paths = _Paths(lines)
-    payload: list[str] = []
-    original: list[str] = []
+    out = _Output()
     path: str | None = None
-    grouped = 0
-    for index, line in enumerate(lines):
-        newline = "\n" if index + 1 < len(lines) else ""
+    index = 0
+    while index < len(lines):
+        line = lines[index]
         row = _row(path, line) if path is not None else None
         if row is None and (line or path is None):
             start = paths.starting(index)
@@ -137,22 +157,97 @@ def encode(text: str) -> Encoded | None:
                 row = _row(start, line)
                 if row is not None:
                     path = start
-                    payload.append(_HEADING + start)
-        if row is not None:
-            payload.append(row)
-            original += [line[: len(line) - len(row)], row + newline]
-            grouped += 1
+                    out.line(_HEADING + start)
+        index += 1
+        if row is not None and path is not None:  # (a row always has its file's path)
+            out.row(line[: len(line) - len(row)], row)
+            # The lines after it are usually rows of the same file, recognised in bulk.
+            rows = _plain_rows(lines, index, path)
+            out.plain_rows(path + ":", rows)
+            index += len(rows)
             continue
         if path is not None and _expand_row(path, line) != line:
-            payload.append(_HEADING)  # close the group: this line is not one of its rows
+            out.line(_HEADING)  # close the group: this line is not one of its rows
             path = None
         if line.startswith(_HEADING):
             return None  # no way to write a verbatim line that reads as a heading
-        payload.append(line)
-        original.append(line + newline)
-    if grouped < 2:
-        return None
-    return Encoded("\n".join(payload), line_pieces(payload), original)
+        out.line(line, original=line)
+    return out.encoded() if out.rows >= 2 else None
+
+
+def _plain_rows(lines: list[str], start: int, path: str) -> list[str]:
+    """The rows of the lines from ``start`` that are ``PATH:row`` and read back as such, up to
+    the first line that is not: what :func:`_row` would say line by line, decided in bulk."""
+    prefix = path + ":"
+    end = start
+    while end < len(lines) and lines[end].startswith(prefix):
+        end += 1
+    rows = [line[len(prefix) :] for line in lines[start:end]]
+    joined = "\n" + "\n".join(rows)
+    unplain = _UNPLAIN_ROW.search(joined)
+    if unplain is not None:
+        del rows[joined.count("\n", 0, unplain.start()) :]
+    return rows
+
+
+class _Output:
+    """The payload as lines, and both texts as pieces for counting: each line with its newline
+    (the last one's is taken off at the end), a row apart from its path prefix."""
+
+    def __init__(self) -> None:
+        self.payload: list[str] = []
+        self.pieces: list[str] = []
+        self.original: list[str] = []
+        self.rows = 0
+
+    def line(self, line: str, *, original: str | None = None) -> None:
+        self.payload.append(line)
+        self.pieces.append(line + "\n")
+        if original is not None:
+            self.original.append(original + "\n")
+
+    def row(self, prefix: str, row: str) -> None:
+        self.payload.append(row)
+        self._pieces(prefix, row)
+        self.rows += 1
+
+    def plain_rows(self, prefix: str, rows: list[str]) -> None:
+        """Like :meth:`row` for each of ``rows``, in list operations (empty heads included)."""
+        self.payload += rows
+        cuts = list(map(_word_end, rows))
+        heads = [row[:cut] for row, cut in zip(rows, cuts, strict=True)]
+        pieces = heads * 2  # heads and tails, interleaved
+        pieces[0::2] = heads
+        pieces[1::2] = [row[cut:] + "\n" for row, cut in zip(rows, cuts, strict=True)]
+        self.pieces += pieces
+        pieces[0::2] = map(prefix.__add__, heads)
+        self.original += pieces
+        self.rows += len(rows)
+
+    def _pieces(self, prefix: str, row: str) -> None:
+        cut = _word_end(row)
+        if cut:
+            self.pieces.append(row[:cut])
+            prefix += row[:cut]
+            row = row[cut:]
+        self.pieces.append(row + "\n")
+        self.original.append(prefix)
+        self.original.append(row + "\n")
+
+    def encoded(self) -> Encoded:
+        self.pieces[-1] = self.pieces[-1][:-1]
+        self.original[-1] = self.original[-1][:-1]
+        return Encoded("\n".join(self.payload), self.pieces, self.original)
+
+
+def _word_end(row: str) -> int:
+    """Where a row's first word ends when that word would merge with the path prefix before it
+    into one pre-token ("a.py:def" against "def"), or 0. Counted apart, the rest of the row is
+    the same run in both texts, so it need not be tokenized to know the difference."""
+    first = row[:1]
+    if first.isdigit() or first.isspace():
+        return 0  # ":" before a digit or a space is a split point already
+    return max(row.find(" "), 0)
 
 
 def applies(text: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from worker.compress import envelope, jsontext, policy, structured, text
 from worker.compress.limits import ExpansionBudget
 from worker.compress.node import FMT, Json
-from worker.compress.tally import Delta, TokenTally, is_split_point, utf8_size
+from worker.compress.tally import Delta, Pending, TokenTally, is_split_point
 from worker.compress.textform import VERBATIM_HEADER
 
 
@@ -108,7 +108,7 @@ def _wrapped_delta(parts: list[str], bodies: list[_Body], tally: TokenTally) -> 
     wrappers = parts[0::2]
     if all(_meets(wrappers[i], body, wrappers[i + 1]) for i, body in enumerate(bodies)):
         present = [wrapper for wrapper in wrappers if wrapper]
-        unchanged = Delta(0, 0, sum(map(utf8_size, present)), Counter(present))
+        unchanged = Delta(Pending(), 0, tally.pending(Counter(present)))
         return sum((body.delta for body in bodies), unchanged)
     original = _interleave(wrappers, [body.original_pieces for body in bodies])
     candidate = _interleave(wrappers, [body.pieces for body in bodies])
@@ -140,7 +140,7 @@ def _encode_body(body: str, tally: TokenTally, min_saving: float) -> _Body:
     parsed = jsontext.parse(body)
     if parsed is not None:
         candidate = _encode_json_text("", body, parsed, tally)
-        if candidate is not None and candidate.delta.removed > candidate.delta.added:
+        if candidate is not None and tally.saves(candidate.delta):
             forms = frozenset(candidate.codec.split("+"))
             return _Body(candidate.output, forms, [body], [candidate.output], candidate.delta)
     else:
@@ -150,7 +150,7 @@ def _encode_body(body: str, tally: TokenTally, min_saving: float) -> _Body:
             return _Body(choice.text, forms, choice.original_pieces, choice.pieces, choice.delta)
     raw = raw_body(body)
     if raw is body:
-        unchanged = Delta(0, 0, utf8_size(body), Counter([body]) if body else Counter())
+        unchanged = Delta(Pending(), 0, tally.pending(Counter([body]) if body else Counter()))
         return _Body(body, frozenset(), [body], [body], unchanged)
     return _Body(raw, frozenset({text.VERBATIM}), [body], [raw], tally.delta([body], [raw]))
 

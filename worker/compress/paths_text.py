@@ -9,6 +9,8 @@ verbatim line that would parse as a group line makes the codec decline.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from itertools import groupby, pairwise, repeat
 
 from worker.compress.limits import ExpansionBudget
 from worker.compress.textform import Encoded, TextForm, sample_lines
@@ -16,56 +18,101 @@ from worker.compress.textform import Encoded, TextForm, sample_lines
 NAME = "paths-by-dir"
 HEADER = '[paths grouped by directory: "DIR/ a b" = DIR/a, DIR/b]\n'
 _GROUP_LINE = re.compile(r"(\S*[/\\]) (\S+(?: \S+)*)")
-_WHITESPACE = re.compile(r"\s")
+_INLINE_WHITESPACE = re.compile(r"[^\S\n]")
+_ASCII_WHITESPACE = " \t\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what it matches in ASCII text
 
 
 def decode(payload: str, budget: ExpansionBudget | None = None) -> str:
     budget = budget or ExpansionBudget(NAME)
     out: list[str] = []
     for line in payload.split("\n"):
-        group = _GROUP_LINE.fullmatch(line)
+        group = _group(line)
         if group is None:
             budget.spend(len(line) + 1)
             out.append(line)
             continue
-        directory, names = group.group(1), group.group(2).split(" ")
-        budget.spend(len(directory) * len(names) + len(line))
-        out.extend(directory + name for name in names)
+        directory, names = group
+        budget.spend(len(directory) * (names.count(" ") + 1) + len(line))
+        out.append(directory + names.replace(" ", "\n" + directory))  # a name holds no space
     return "\n".join(out)
 
 
-def _directory_of(line: str) -> str | None:
-    """``line`` up to and including its last separator, if it is a path worth grouping."""
-    cut = max(line.rfind("/"), line.rfind("\\"))
-    if cut < 0 or cut == len(line) - 1 or _WHITESPACE.search(line) is not None:
+def _group(line: str) -> tuple[str, str] | None:
+    """``(DIR/, "a b ...")`` if ``line`` is a group line, else None."""
+    if " " not in line:
         return None
-    return line[: cut + 1]
+    if not line.isprintable():  # other whitespace than spaces (or control characters)
+        match = _GROUP_LINE.fullmatch(line)
+        return None if match is None else (match.group(1), match.group(2))
+    # Printable, so spaces are its only whitespace: the pattern comes down to these checks.
+    directory, _, names = line.partition(" ")
+    if directory[-1:] not in ("/", "\\") or not names or "  " in names:
+        return None
+    if names[0] == " " or names[-1] == " ":
+        return None
+    return directory, names
 
 
-def _run_end(lines: list[str], start: int, directory: str) -> int:
-    end = start + 1
-    while end < len(lines) and _directory_of(lines[end]) == directory:
-        end += 1
-    return end
+def _directory_keys(text: str, lines: list[str]) -> list[str | None]:
+    """Per line, what tells its directory apart (equal for lines in one directory), or None if
+    it is not a path worth grouping: no separator, nothing after it, or whitespace in it."""
+    if "\\" in text:
+        keys = list(map(_directory_of, lines))
+    else:  # the common case, in one pass of C calls: the text before the last "/"
+        splits = map(str.rpartition, lines, repeat("/"))
+        keys = [head if slash and name else None for head, slash, name in splits]
+    for index in _lines_with_whitespace(text):
+        keys[index] = None
+    return keys
+
+
+def _directory_of(line: str) -> str | None:
+    """``line`` up to and including its last separator, if it has a name after it."""
+    cut = max(line.rfind("/"), line.rfind("\\"))
+    return line[: cut + 1] if 0 <= cut < len(line) - 1 else None
+
+
+def _lines_with_whitespace(text: str) -> set[int]:
+    """Indexes of the lines holding whitespace (bar the line breaks)."""
+    if text.isascii():  # one fast search per character instead of a regular expression
+        found = (at for char in _ASCII_WHITESPACE for at in _first_on_each_line(text, char))
+    else:
+        found = (match.start() for match in _INLINE_WHITESPACE.finditer(text))
+    indexes: set[int] = set()
+    line = position = 0
+    for at in sorted(found):
+        line += text.count("\n", position, at)
+        position = at
+        indexes.add(line)
+    return indexes
+
+
+def _first_on_each_line(text: str, char: str) -> Iterator[int]:
+    at = text.find(char)
+    while at >= 0:
+        yield at
+        end = text.find("\n", at)
+        at = text.find(char, end) if end >= 0 else -1
 
 
 def encode(text: str) -> Encoded | None:
     lines = text.split("\n")
     payload: list[str] = []
-    index = 0
-    grouped = 0
-    while index < len(lines):
-        directory = _directory_of(lines[index])
-        end = _run_end(lines, index, directory) if directory is not None else index + 1
-        if directory is not None and end - index >= 2:
-            names = [line[len(directory) :] for line in lines[index:end]]
-            payload.append(directory + " " + " ".join(names))
-            grouped += end - index
-        elif _GROUP_LINE.fullmatch(lines[index]) is not None:
-            return None  # a verbatim line that would read back as a group
+    start = grouped = 0
+    for key, run in groupby(_directory_keys(text, lines)):
+        end = start + len(list(run))
+        directory = _directory_of(lines[start]) if key is not None else None
+        if directory is not None and end - start >= 2:
+            # Names hold no whitespace, so " DIR/" occurs only where one path meets the next.
+            joined = " ".join(lines[start:end])
+            payload.append(directory + " " + joined[len(directory) :].replace(" " + directory, " "))
+            grouped += end - start
         else:
-            payload.append(lines[index])
-        index = end
+            for line in lines[start:end]:
+                if _group(line) is not None:
+                    return None  # a verbatim line that would read back as a group
+                payload.append(line)
+        start = end
     if grouped < 2:
         return None
     joined = "\n".join(payload)
@@ -76,13 +123,9 @@ def encode(text: str) -> Encoded | None:
 
 def applies(text: str) -> bool:
     """Two neighbouring lines in the first screenful are paths in the same directory."""
-    previous: str | None = None
-    for line in sample_lines(text):
-        directory = _directory_of(line)
-        if directory is not None and directory == previous:
-            return True
-        previous = directory
-    return False
+    sample = sample_lines(text)
+    keys = _directory_keys("\n".join(sample), sample)
+    return any(a is not None and a == b for a, b in pairwise(keys))
 
 
 FORM = TextForm(NAME, HEADER, applies, encode, decode)

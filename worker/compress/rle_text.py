@@ -8,7 +8,8 @@ so the line still ends the way it did.
 from __future__ import annotations
 
 import re
-from itertools import pairwise
+from itertools import islice
+from operator import eq
 
 from worker.compress.limits import ExpansionBudget
 from worker.compress.textform import Encoded, TextForm, line_pieces
@@ -72,7 +73,7 @@ def applies(text: str) -> bool:
     """At least one line in fifty repeats the line before it (comparing neighbours is cheap
     next to tokenizing, so this looks at the whole text)."""
     lines = text.split("\n")
-    repeats = sum(a == b for a, b in pairwise(lines))
+    repeats: int = sum(map(eq, lines, islice(lines, 1, None)))
     return repeats >= 2 and repeats * 50 >= len(lines)
 
 

@@ -11,22 +11,31 @@ run first. Then:
                                           - tokens(runs only the compressed text has)
 
 so only the runs that differ are tokenized. Most of a compressed form is shared with its original
-(a grep row is the original line minus its path), which makes that a small fraction of the text.
-The shared runs' tokens are bounded by their UTF-8 size (every token is at least one byte), which
-often settles the gate after counting a fraction of them (see :meth:`TokenTally.passes`).
+(a grep row is the original line minus its path, and its first word when that merges with the
+path), which makes that a small fraction of the text.
+
+The gate needs a decision, not the counts. The candidate's own runs are counted whole (they are
+the smaller side); the original's own runs and the shared ones are counted a batch at a time
+(:class:`Pending`), each batch narrowing their total to [counted, counted + UTF-8 bytes left],
+since every token is at least one byte, and counting stops once that settles the gate (see
+:meth:`TokenTally.passes`). A form that shares nothing (paths grouped by directory) thus counts
+its original only until it has more than ``tokens(candidate) / (1 - min_saving)`` tokens: a large
+run is cut into chunks at line breaks that are split points (:func:`chunks`), so the sum of the
+chunks' counts is the run's own.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import count, islice
 
 import tiktoken
 
 from worker.tokens import encoding_name_for_model, get_encoding
 
-_BATCH_BYTES = 32 * 1024  # how much unchanged text to count before checking the bound again
+_BATCH_BYTES = 8 * 1024  # how much text to count before checking the bounds again
 
 
 def is_split_point(left: str, right: str) -> bool:
@@ -63,26 +72,63 @@ def utf8_size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
+class Pending:
+    """The tokens of a bag of runs, counted a batch at a time and only when asked.
+
+    Until everything is counted the total lies in ``[low, high]``: the tokens counted so far,
+    plus at most one per UTF-8 byte not yet counted (a token is at least a byte).
+    """
+
+    __slots__ = ("_sources", "low", "rest")
+
+    def __init__(self, sources: Iterable[Iterator[tuple[int, int]]] = (), rest: int = 0) -> None:
+        self.low = 0
+        self.rest = rest  # UTF-8 bytes not counted yet; 0 exactly when everything is counted
+        self._sources = list(sources)
+
+    @property
+    def high(self) -> int:
+        return self.low + self.rest
+
+    def refine(self) -> None:
+        """Count one more batch (only called while ``rest > 0``)."""
+        while self._sources:
+            batch = next(self._sources[0], None)
+            if batch is not None:
+                self.low += batch[0]
+                self.rest -= batch[1]
+                return
+            self._sources.pop(0)
+        raise AssertionError("a pending count ran out of runs before its bytes")
+
+    def exact(self) -> int:
+        while self.rest:
+            self.refine()
+        return self.low
+
+    def __add__(self, other: Pending) -> Pending:
+        """The sum, taking over both operands' uncounted batches (use only the sum afterwards)."""
+        total = Pending([*self._sources, *other._sources], self.rest + other.rest)
+        total.low = self.low + other.low
+        return total
+
+
 @dataclass(frozen=True, slots=True)
 class Delta:
     """How two texts' token counts differ, known exactly without counting what they share.
 
-    ``removed``/``added``: exact tokens of the runs only the original/only the candidate has.
-    ``shared_bytes``: UTF-8 size of the runs both have, an upper bound of their tokens.
-    ``shared``: those runs, with how often each occurs, to count them when a bound is not enough.
+    ``added``: exact tokens of the runs only the candidate has. ``removed``: the runs only the
+    original has, and ``shared``: the runs both have, each counted only as far as a decision
+    needs (see :class:`Pending`).
     """
 
-    removed: int
+    removed: Pending
     added: int
-    shared_bytes: int
-    shared: Counter[str] = field(default_factory=Counter, compare=False, repr=False)
+    shared: Pending
 
     def __add__(self, other: Delta) -> Delta:
         return Delta(
-            self.removed + other.removed,
-            self.added + other.added,
-            self.shared_bytes + other.shared_bytes,
-            self.shared + other.shared,
+            self.removed + other.removed, self.added + other.added, self.shared + other.shared
         )
 
 
@@ -105,71 +151,87 @@ class TokenTally:
 
     def count(self, pieces: Iterable[str]) -> int:
         """Exact tokens of ``"".join(pieces)``."""
-        return self._sum(Counter(runs(pieces)))
+        return self.pending(Counter(runs(pieces))).exact()
+
+    def pending(self, bag: Counter[str]) -> Pending:
+        """The tokens of ``copies`` of each run in ``bag``, to be counted when asked."""
+        size = sum(copies * utf8_size(run) for run, copies in bag.items())
+        return Pending([self._batches(bag)], size)
 
     def delta(self, original: Sequence[str], candidate: Sequence[str]) -> Delta:
-        """The exact difference between two piece lists' counts, and a bound on the rest."""
+        """The exact difference between two piece lists' counts, counting only the candidate's
+        own runs now: the original's own and the shared ones wait until a decision needs them."""
         original_runs = Counter(runs(original))
         candidate_runs = Counter(runs(candidate))
         removed: Counter[str] = Counter()
         shared: Counter[str] = Counter()
-        shared_bytes = 0
         for run, copies in original_runs.items():
             kept = min(copies, candidate_runs.get(run, 0))
             if kept:
                 shared[run] = kept
-                shared_bytes += kept * utf8_size(run)
             if copies > kept:
                 removed[run] = copies - kept
         added = Counter(
             {run: copies - original_runs.get(run, 0) for run, copies in candidate_runs.items()}
         )
         added = +added  # keep positive counts only
-        return Delta(self._sum(removed), self._sum(added), shared_bytes, shared)
+        return Delta(self.pending(removed), self.pending(added).exact(), self.pending(shared))
 
     def counts(self, delta: Delta) -> tuple[int, int]:
         """Exact (before, after) token counts of the two texts ``delta`` compares."""
-        shared = self._sum(delta.shared)
-        return delta.removed + shared, delta.added + shared
+        shared = delta.shared.exact()
+        return delta.removed.exact() + shared, delta.added + shared
+
+    def saves(self, delta: Delta) -> bool:
+        """Exactly whether the candidate has fewer tokens than the original, i.e. removed > added;
+        the original's own runs are counted only until that is settled."""
+        removed = delta.removed
+        while removed.low <= delta.added < removed.high:
+            removed.refine()
+        return removed.low > delta.added
 
     def passes(self, delta: Delta, *, min_tokens: int, min_saving: float) -> bool:
         """Exactly whether before > min_tokens and before - after > min_saving * before.
 
-        With ``s`` the shared tokens, before = removed + s and after = added + s. The shared runs
-        are counted a batch at a time, and every batch narrows ``s`` to [counted, counted + the
-        UTF-8 size of the rest] (a token is at least a byte); counting stops as soon as that
-        range settles the answer, which for a good candidate is usually early.
+        With ``r`` the removed and ``s`` the shared tokens, before = r + s and after = added + s.
+        Both are narrowed a batch at a time, and counting stops as soon as each condition has
+        the same answer for every (r, s) still possible: the size test is monotone in r + s, the
+        saving test in r and in s, so its extreme corners decide it. For a clearly good or
+        clearly bad candidate that is usually early.
         """
-        saved = delta.removed - delta.added
-        counted, rest_bytes = 0, delta.shared_bytes
-        batches = self._batches(delta.shared)
+        removed, shared = delta.removed, delta.shared
         while True:
-            least, most = delta.removed + counted, delta.removed + counted + rest_bytes
-            if saved <= min_saving * (least if min_saving >= 0 else most):
-                return False  # fails even for the most favourable shared count
-            if least > min_tokens and saved > min_saving * (most if min_saving >= 0 else least):
+            least, most = removed.low + shared.low, removed.high + shared.high
+            savings = {
+                r - delta.added > min_saving * (r + s)
+                for r in (removed.low, removed.high)
+                for s in (shared.low, shared.high)
+            }
+            if most <= min_tokens or savings == {False}:
+                return False
+            if least > min_tokens and savings == {True}:
                 return True
-            batch = next(batches, None)
-            if batch is None:
-                return False  # everything counted: least == most, and the gate did not pass
-            counted += batch[0]
-            rest_bytes -= batch[1]
-
-    def _sum(self, bag: Counter[str]) -> int:
-        """Sum of ``copies * tokens(run)``."""
-        return sum(tokens for tokens, _ in self._batches(bag))
+            # The original's own runs first: they are what a candidate removes, often few and
+            # repeated (cached), and when the candidate shares nothing they are all there is.
+            (removed if removed.rest else shared).refine()
 
     def _batches(self, bag: Counter[str]) -> Iterator[tuple[int, int]]:
         """``(tokens, UTF-8 bytes)`` of the bag's runs, a batch at a time.
 
         Each encode call costs about a microsecond before any work, so runs seen once are counted
         in batches, concatenated directly (a split point between them) or around a newline that
-        is a split point on both sides, whose tokens are then taken off again.
+        is a split point on both sides, whose tokens are then taken off again. A run larger than
+        a batch is counted in chunks cut at split points (:func:`chunks`), so that a decision
+        can stop partway through it.
         """
         batch: list[str] = []
         batch_bytes = separators = 0
         for run, copies in bag.items():
             size = utf8_size(run)
+            if size > _BATCH_BYTES:
+                for chunk in chunks(run, _BATCH_BYTES):
+                    yield copies * len(self._encode(chunk)), copies * utf8_size(chunk)
+                continue
             if copies > 1:
                 yield copies * self.count_text(run), copies * size
                 continue
@@ -194,31 +256,66 @@ class TokenTally:
         return len(self._encode("".join(batch))) - separators * self._newline_tokens
 
 
+def chunks(text: str, size: int) -> Iterator[str]:
+    """``text`` in consecutive chunks of at least ``size`` characters (the last may be shorter)
+    whose token counts add up to its own: every cut is at a line break that is a split point."""
+    start = 0
+    while len(text) - start > size:
+        cut = _split_line_break(text, start + size)
+        if cut < 0:
+            break
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def _split_line_break(text: str, position: int) -> int:
+    """The first index at or after ``position`` that follows a newline, is inside ``text`` and
+    is a split point, or -1."""
+    cut = text.find("\n", position - 1) + 1
+    while 0 < cut < len(text):
+        end = text.find("\n", cut)
+        line = text[cut:] if end < 0 else text[cut:end]
+        # An empty line is a blank one: it would join the newline before it.
+        if line and is_split_point(text[max(cut - 2, 0) : cut], line):
+            return cut
+        cut = end + 1
+    return -1
+
+
 def runs(pieces: Iterable[str]) -> list[str]:
     """``pieces`` joined wherever they do not meet at a split point; empty pieces dropped."""
-    out: list[str] = []
-    pending: list[str] = []
-    for piece in pieces:
-        if not piece:
-            continue
-        if not pending:
-            pending = [piece]
-            continue
-        last = pending[-1][-1]
-        first = piece[0]
-        # The common junctions are decided inline (this loop runs once or twice per line of a
-        # megabyte): a line break before a line starting with a visible character, and a letter
-        # or digit before a tab or space.
-        split = (
-            (last == "\n" and first != "/" and not first.isspace())
-            or (first in " \t" and last.isascii() and last.isalnum())
-            or is_split_point(pending[-1], piece)
+    pieces = [piece for piece in pieces if piece]
+    # The indexes of the pieces that join the one before them. The common junctions are decided
+    # inline (this runs once or twice per line of a megabyte): a line break before a line that
+    # starts with a visible character other than "/", a letter or digit before a tab or space.
+    joins = [
+        index
+        for index, left, right in zip(count(1), pieces, islice(pieces, 1, None))
+        if not (
+            (left[-1] == "\n" and right[0] != "/" and not right[0].isspace())
+            or (right[0] in " \t" and left[-1].isascii() and left[-1].isalnum())
+            or is_split_point(left, right)
         )
-        if split:
-            out.append(pending[0] if len(pending) == 1 else "".join(pending))
-            pending = [piece]
-        else:
-            pending.append(piece)
-    if pending:
-        out.append(pending[0] if len(pending) == 1 else "".join(pending))
+    ]
+    if not joins:
+        return pieces
+    out: list[str] = []
+    start = 0
+    for first, last in _spans(joins):
+        out += pieces[start : first - 1]
+        out.append("".join(pieces[first - 1 : last + 1]))
+        start = last + 1
+    out += pieces[start:]
     return out
+
+
+def _spans(indexes: list[int]) -> Iterator[tuple[int, int]]:
+    """``(first, last)`` of each run of consecutive numbers in the ascending ``indexes``."""
+    first = last = indexes[0]
+    for index in indexes[1:]:
+        if index != last + 1:
+            yield first, last
+            first = index
+        last = index
+    yield first, last

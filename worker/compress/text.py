@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from worker.compress import grep_text, ls_text, numbered_text, paths_text, rle_text
+from worker.compress import (
+    grep_text,
+    long_text,
+    ls_text,
+    numbered_text,
+    paths_text,
+    rle_text,
+    tree_text,
+)
 from worker.compress.limits import ExpansionBudget
 from worker.compress.tally import Delta, TokenTally
 from worker.compress.textform import VERBATIM_HEADER, TextForm
@@ -16,12 +24,14 @@ TEXT_FORMS: tuple[TextForm, ...] = (
     paths_text.FORM,
     ls_text.FORM,
     ls_text.FORM_WITH_VERBATIM,
+    tree_text.FORM,
+    long_text.FORM,
     numbered_text.FORM,
     rle_text.FORM,
 )
 VERBATIM = "verbatim"
 _LARGE_TEXT_CHARS = 256 * 1024
-_SAMPLE_CHARS = 32 * 1024
+_SAMPLE_CHARS = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +78,7 @@ def best_form(text: str, tally: TokenTally, *, min_saving: float = 0.0) -> TextC
         if not form.applies(text) or not _promising(form, text, tally, min_saving):
             continue
         choice = _try(form, text, tally)
+        # Comparing two candidates counts both exactly; a single one is judged by the gate alone.
         if choice is not None and (best is None or _saved(choice) > _saved(best)):
             best = choice
     return best
@@ -82,11 +93,11 @@ def _try(form: TextForm, text: str, tally: TokenTally) -> TextChoice | None:
     choice = TextChoice(
         form.name, form.header + encoded.payload, encoded.original_pieces, pieces, delta
     )
-    return choice if _saved(choice) > 0 else None
+    return choice if tally.saves(delta) else None
 
 
 def _saved(choice: TextChoice) -> int:
-    return choice.delta.removed - choice.delta.added
+    return choice.delta.removed.exact() - choice.delta.added
 
 
 def _promising(form: TextForm, text: str, tally: TokenTally, min_saving: float) -> bool:
@@ -98,6 +109,6 @@ def _promising(form: TextForm, text: str, tally: TokenTally, min_saving: float) 
     tail = text[text.find("\n", len(text) - _SAMPLE_CHARS) + 1 :]
     for sample in (head, tail):
         choice = _try(form, sample, tally) if sample else None
-        if choice is None or _saved(choice) <= min_saving * tally.count_text(sample):
+        if choice is None or not tally.passes(choice.delta, min_tokens=-1, min_saving=min_saving):
             return False
     return True
