@@ -53,10 +53,8 @@ def test_compaction_properties(messages: list[dict[str, Any]], threshold: int) -
         assert c is not None and c.transcript is not None
         assert 0 <= c.start < c.end <= len(messages)
         # leading system messages stay; the newest message is never compacted
-        assert (
-            messages[c.start]["role"] != "system"
-            or (c.start > 0
-            and all(m["role"] != "system" for m in messages[:1]))
+        assert messages[c.start]["role"] != "system" or (
+            c.start > 0 and all(m["role"] != "system" for m in messages[:1])
         )
         assert all(m["role"] == "system" for m in messages[: c.start])
         assert c.end <= len(messages) - 1
