@@ -41,14 +41,16 @@ def test_memo_round_trips_keys_and_values_exactly(
     counts: dict[Any, int], bodies: dict[Any, str | None]
 ) -> None:
     recorded = {"tokens:o200k_base": counts, "compressed": bodies}
-    blob = encode_memo(recorded)
+    blob = encode_memo(recorded, messages=12)
     assert blob is not None
-    assert decode_memo(blob) == {name: v for name, v in recorded.items() if v}
+    memo = decode_memo(blob)
+    assert memo.entries == {name: v for name, v in recorded.items() if v}
+    assert memo.messages == 12
 
 
 def test_lone_surrogates_survive_the_memo() -> None:
     recorded = {"tokens:o200k_base": {"a\ud800b": 3}}
-    assert decode_memo(encode_memo(recorded)) == recorded
+    assert decode_memo(encode_memo(recorded, messages=1)).entries == recorded
 
 
 @pytest.mark.parametrize(
@@ -58,19 +60,21 @@ def test_lone_surrogates_survive_the_memo() -> None:
         b"",
         b"not json",
         b"[1, 2]",
-        b'{"v": 99, "caches": {}}',
-        b'{"v": 1}',
-        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc", -1]]}}',
-        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc", "12"]]}}',
-        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc", true]]}}',
-        b'{"v": 1, "caches": {"compressed": [["sabc", 5]]}}',
-        b'{"v": 1, "caches": {"tokens:o200k_base": [["xabc", 5]]}}',
-        b'{"v": 1, "caches": {"tokens:o200k_base": [["hzz", 5]]}}',
-        b'{"v": 1, "caches": {"tokens:o200k_base": [["sabc"]]}}',
+        b'{"v": 99, "messages": 1, "caches": {}}',
+        b'{"v": 2, "messages": 1}',
+        b'{"v": 2, "caches": {}}',
+        b'{"v": 2, "messages": "1", "caches": {}}',
+        b'{"v": 2, "messages": 1, "caches": {"tokens:o200k_base": [["sabc", -1]]}}',
+        b'{"v": 2, "messages": 1, "caches": {"tokens:o200k_base": [["sabc", "12"]]}}',
+        b'{"v": 2, "messages": 1, "caches": {"tokens:o200k_base": [["sabc", true]]}}',
+        b'{"v": 2, "messages": 1, "caches": {"compressed": [["sabc", 5]]}}',
+        b'{"v": 2, "messages": 1, "caches": {"tokens:o200k_base": [["xabc", 5]]}}',
+        b'{"v": 2, "messages": 1, "caches": {"tokens:o200k_base": [["hzz", 5]]}}',
+        b'{"v": 2, "messages": 1, "caches": {"tokens:o200k_base": [["sabc"]]}}',
     ],
 )
 def test_a_memo_that_cannot_be_trusted_is_ignored(blob: bytes | None) -> None:
-    assert decode_memo(blob) == {}
+    assert decode_memo(blob).entries == {}
 
 
 def test_an_oversized_memo_keeps_its_counts_and_drops_bodies() -> None:
@@ -79,7 +83,7 @@ def test_an_oversized_memo_keeps_its_counts_and_drops_bodies() -> None:
         "tokens:o200k_base": {b"k" * 16: 7},
         "compressed": {b"a" * 16: big, b"b" * 16: big + "y", b"c" * 16: None},
     }
-    assert decode_memo(encode_memo(recorded)) == {
+    assert decode_memo(encode_memo(recorded, messages=3)).entries == {
         "tokens:o200k_base": {b"k" * 16: 7},
         "compressed": {b"c" * 16: None},
     }
@@ -95,7 +99,7 @@ def test_preload_fills_only_the_named_caches_and_keeps_what_is_there() -> None:
 
 
 def test_rewrite_only_when_the_stored_memo_falls_behind() -> None:
-    stored = StoredMemo(digest=b"d", entries=100, evictions=0)
+    stored = StoredMemo(digest=b"d", messages=100, evictions=0)
     assert worth_rewriting(5, None)
     assert not worth_rewriting(110, stored)
     assert worth_rewriting(111, stored)
@@ -346,9 +350,9 @@ def test_another_system_prompt_or_conversation_reuses_nothing() -> None:
     assert not any(m is e for m in theirs.messages for e in mine.messages)
 
 
-def test_deeply_nested_messages_are_hashed_again_not_crashed() -> None:
+def test_deeply_nested_messages_are_reused_too() -> None:
     deep: Any = "leaf"
-    for _ in range(600):  # fine for JSON; deeper than Python's recursion limit allows a walk
+    for _ in range(600):  # fine for JSON; deeper than a recursive walk could go
         deep = [deep]
     base = conversation(1)
     base["messages"][1]["x_deep"] = deep
@@ -382,6 +386,91 @@ def test_recent_snapshots_are_bounded_by_payload_bytes() -> None:
     assert recent.get("a") is parsed["a"] and recent.get("c") is parsed["c"]
     recent.put(parsed["b"], 1000)  # bigger than the whole bound: not kept
     assert recent.get("b") is None
-    recent.remember_memo("a", StoredMemo(b"d", 1, 0))
-    recent.remember_memo("b", StoredMemo(b"d", 1, 0))  # not kept: no memo either
+    recent.remember_memo("a", StoredMemo(digest=b"d", messages=1, evictions=0))
+    recent.remember_memo(
+        "b", StoredMemo(digest=b"d", messages=1, evictions=0)
+    )  # not kept: no memo either
     assert recent.stored_memo("a") is not None and recent.stored_memo("b") is None
+
+
+# --- reusing the last counted projection ---------------------------------------------------------
+
+
+def grep_conversation(turns: int, *, revision: int = 1, **config: Any) -> dict[str, Any]:
+    """Tool results that compress (grep over several files), so projections change bodies."""
+    snap = conversation(turns, revision=revision)
+    for k, m in enumerate(snap["messages"]):
+        if m["role"] == "tool":
+            m["content"] = "\n".join(
+                f"src/pkg{k}/mod_{i // 20}.py:{i}: value = compute_{i}(x)" for i in range(60)
+            )
+    snap["config"] = config
+    return snap
+
+
+def evaluated_in_steps(snapshots: list[dict[str, Any]]) -> list[Any]:
+    """Evaluate each snapshot reusing the last parse and counted projection, as a worker does."""
+    out, parsed, counted = [], None, None
+    for snap in snapshots:
+        parsed = parse_snapshot(snap, DEFAULT, earlier=parsed)
+        evaluation = evaluate(parsed, tokenizer_of(parsed), counted)
+        counted = evaluation.counted
+        out.append(evaluation)
+    return out
+
+
+@pytest.mark.parametrize(
+    "config", [{}, {"keep_recent_tool_results": 2}, {"compress_tool_results": False}]
+)
+def test_a_reused_counted_projection_is_the_full_evaluation(config: dict[str, Any]) -> None:
+    steps = [grep_conversation(n, revision=n, **config) for n in range(1, 7)]
+    steps.append(grep_conversation(4, revision=9, **config))  # history rewritten shorter
+    for snap, reused in zip(steps, evaluated_in_steps(steps), strict=True):
+        full = evaluate(parse_snapshot(snap, DEFAULT), tokenizer_of(parse_snapshot(snap, DEFAULT)))
+        assert reused.projected_tokens == full.projected_tokens
+        assert reused.projection.messages == full.projection.messages
+        assert reused.projection.bodies == full.projection.bodies
+        assert reused.projection.elided == full.projection.elided
+    if config.get("compress_tool_results", True):  # the bodies did change
+        assert any(e.projection.bodies for e in evaluated_in_steps(steps))
+
+
+def test_only_new_messages_are_projected_when_the_prefix_is_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import worker.projection as projection
+
+    first, second = grep_conversation(5), grep_conversation(6, revision=2)
+    parsed = parse_snapshot(first, DEFAULT)
+    counted = evaluate(parsed, tokenizer_of(parsed)).counted
+    seen: list[int] = []
+    real = projection.count_message_tokens
+    monkeypatch.setattr(
+        projection, "count_message_tokens", lambda m, t: seen.append(m.source_index) or real(m, t)
+    )
+    grown = parse_snapshot(second, DEFAULT, earlier=parsed)
+    evaluate(grown, tokenizer_of(grown), counted)
+    assert seen == [11, 12]
+    seen.clear()
+    evaluate(grown, tokenizer_of(grown), None)  # without a prior: every message
+    assert len(seen) == 13
+
+
+def test_a_memo_written_by_a_process_that_reuses_is_still_complete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The process reuses its counted projection between rewrites, yet each memo it writes
+    carries every entry: the other process then computes only what came after it."""
+    fresh_caches(monkeypatch)
+    parsed = counted = stored = blob = None
+    n = 1
+    while n < 20 or (stored is not None and stored.messages == 2 * n + 1):
+        n += 1  # one exchange per turn; the memo is rewritten every few turns
+        parsed = parse_snapshot(grep_conversation(n, revision=n), DEFAULT, earlier=parsed)
+        evaluation, update = evaluate_with_memo(parsed, tokenizer_of(parsed), blob, stored, counted)
+        counted, stored, blob = evaluation.counted, update.stored, update.blob or blob
+    assert stored is not None and stored.messages < 2 * n + 1  # the memo is behind
+    fresh_caches(monkeypatch)
+    last = parse_snapshot(grep_conversation(n, revision=n), DEFAULT)
+    _, other = evaluate_with_memo(last, tokenizer_of(last), blob)
+    assert other.results_compressed == (2 * n + 1 - stored.messages) // 2

@@ -21,25 +21,32 @@ from typing import Any
 
 from worker.cache import ContentCache, Key, Recorded
 
-MEMO_VERSION = 1
+MEMO_VERSION = 2
 # A memo is worth storing only while it is small beside the snapshot it speeds up; beyond this,
 # compressed bodies are left out (they are recomputed) and then the memo as a whole.
 MAX_MEMO_BYTES = 4 << 20
 
 
-# A process rewrites a conversation's memo once the entries its evaluation used outnumber those
-# of the stored memo by this share: a memo a few messages behind costs the next process only
-# those few messages, and rewriting it after every turn costs every evaluation.
+# A process rewrites a conversation's memo once the conversation has this share more messages
+# than when it was written: a memo a few messages behind costs the next process only those few
+# messages, and rewriting it after every turn costs every evaluation.
 REWRITE_GROWTH = 0.1
 
 
 @dataclass(frozen=True)
+class Memo:
+    entries: Recorded
+    messages: int  # wire messages of the snapshot whose evaluation wrote it
+
+
+@dataclass(frozen=True)
 class StoredMemo:
-    """What this process knows of the memo stored for a conversation: its digest, how many
-    entries it holds, and the caches' eviction count when this process last had them all."""
+    """What this process knows of the memo stored for a conversation: its digest, the messages
+    of the snapshot that wrote it, and the caches' eviction count when this process last had
+    all its entries."""
 
     digest: bytes
-    entries: int
+    messages: int
     evictions: int
 
 
@@ -47,41 +54,39 @@ def memo_digest(blob: bytes) -> bytes:
     return hashlib.blake2b(blob, digest_size=16).digest()
 
 
-def entry_count(recorded: Recorded) -> int:
-    return sum(len(entries) for entries in recorded.values())
+def worth_rewriting(messages: int, stored: StoredMemo | None) -> bool:
+    return stored is None or messages > stored.messages * (1 + REWRITE_GROWTH)
 
 
-def worth_rewriting(used: int, stored: StoredMemo | None) -> bool:
-    return stored is None or used > stored.entries * (1 + REWRITE_GROWTH)
-
-
-def encode_memo(recorded: Recorded) -> bytes | None:
+def encode_memo(recorded: Recorded, *, messages: int) -> bytes | None:
     """The memo to store, or None when even its token counts alone are too big."""
-    blob = _encode(recorded)
+    blob = _encode(recorded, messages)
     if len(blob) <= MAX_MEMO_BYTES:
         return blob
     counts_only = {
         name: {k: v for k, v in entries.items() if not isinstance(v, str)}
         for name, entries in recorded.items()
     }
-    blob = _encode(counts_only)
+    blob = _encode(counts_only, messages)
     return blob if len(blob) <= MAX_MEMO_BYTES else None
 
 
-def decode_memo(blob: bytes | None) -> Recorded:
-    """The entries of a stored memo; empty when there is none or it cannot be trusted."""
+def decode_memo(blob: bytes | None) -> Memo:
+    """A stored memo; empty when there is none or it cannot be trusted."""
+    empty = Memo(entries={}, messages=0)
     if not blob:
-        return {}
+        return empty
     try:
         doc = json.loads(blob)
-        if doc.get("v") != MEMO_VERSION:
-            return {}
-        return {
-            name: {_key(k): _value(name, v) for k, v in entries}
-            for name, entries in doc["caches"].items()
+        if doc.get("v") != MEMO_VERSION or type(doc["messages"]) is not int:
+            return empty
+        entries = {
+            name: {_key(k): _value(name, v) for k, v in pairs}
+            for name, pairs in doc["caches"].items()
         }
+        return Memo(entries=entries, messages=doc["messages"])
     except (ValueError, TypeError, KeyError, AttributeError):
-        return {}
+        return empty
 
 
 def preload(recorded: Recorded, caches: Mapping[str, ContentCache[Any]]) -> int:
@@ -91,14 +96,15 @@ def preload(recorded: Recorded, caches: Mapping[str, ContentCache[Any]]) -> int:
     )
 
 
-def _encode(recorded: Recorded) -> bytes:
+def _encode(recorded: Recorded, messages: int) -> bytes:
     caches = {
         name: [[_key_text(k), v] for k, v in entries.items()]
         for name, entries in recorded.items()
         if entries
     }
+    doc = {"v": MEMO_VERSION, "messages": messages, "caches": caches}
     # ASCII escapes keep any text (lone surrogates included) exact through JSON.
-    return json.dumps({"v": MEMO_VERSION, "caches": caches}, separators=(",", ":")).encode()
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _key_text(key: Key) -> str:

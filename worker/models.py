@@ -192,15 +192,20 @@ def derived_message_id(index: int, raw: Any) -> str:
 
 def is_plain_json(value: Any) -> bool:
     """Whether a JSON value holds only strings and nulls (in any lists and objects): then two
-    values that are ``==`` have the same JSON text."""
-    kind = type(value)
-    if kind is str or value is None:
-        return True
-    if kind is dict:
-        return all(is_plain_json(v) for v in value.values())
-    if kind is list:
-        return all(is_plain_json(v) for v in value)
-    return False
+    values that are ``==`` have the same JSON text. (A loop, not recursion: no depth limit.)"""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is str or item is None:
+            continue
+        if kind is dict:
+            pending.extend(item.values())
+        elif kind is list:
+            pending.extend(item)
+        else:
+            return False
+    return True
 
 
 def event_id_for(conversation_id: str, revision: int, kind: str, *parts: object) -> str:

@@ -35,7 +35,6 @@ from worker.memo import (
     StoredMemo,
     decode_memo,
     encode_memo,
-    entry_count,
     memo_digest,
     preload,
     worth_rewriting,
@@ -52,12 +51,14 @@ from worker.models import (
 )
 from worker.projection import (
     COMPRESSED_CACHE,
+    CountedProjection,
     Projection,
     ProjectionPolicy,
     compressed_bodies,
     count_message_tokens,
     count_request_tokens,
     project,
+    project_and_count,
 )
 from worker.snapshots import ParsedSnapshot
 from worker.summarize import Summarizer, SummaryRequest
@@ -78,6 +79,7 @@ class Evaluation:
     threshold: int | None
     context_window: int | None
     trigger_kind: str
+    counted: CountedProjection | None = None
 
     @property
     def over_threshold(self) -> bool:
@@ -148,14 +150,20 @@ def evaluate_with_memo(
     tokenizer: Tokenizer,
     memo: bytes | None,
     known: StoredMemo | None = None,
+    prior: CountedProjection | None = None,
 ) -> tuple[Evaluation, MemoUpdate]:
     """:func:`evaluate`, first preloading the conversation's stored ``memo`` (what earlier
-    evaluations computed) unless ``known`` says this process already has all of it."""
+    evaluations computed) unless ``known`` says this process already has all of it.
+
+    When the stored memo has fallen behind, this evaluation writes a new one: it then evaluates
+    every message (not reusing ``prior``), so that every entry used is noted."""
     caches = evaluation_caches(tokenizer)
     evictions = sum(cache.evictions for cache in caches.values())
     stored = _load_memo(memo, known, caches, evictions)
+    size = len(parsed.snapshot.messages)
+    rewrite = worth_rewriting(size, stored)
     with recording() as recorded:
-        evaluation = evaluate(parsed, tokenizer)
+        evaluation = evaluate(parsed, tokenizer, None if rewrite else prior)
     computed = {
         "texts_tokenized": sum(
             n for name, n in recorded.computed.items() if name != COMPRESSED_CACHE
@@ -163,10 +171,10 @@ def evaluate_with_memo(
         "results_compressed": recorded.computed[COMPRESSED_CACHE],
     }
     used = {name: recorded.used[name] for name in caches if name in recorded.used}
-    blob = encode_memo(used) if worth_rewriting(entry_count(used), stored) else None
+    blob = encode_memo(used, messages=size) if rewrite else None
     if blob is None:
         return evaluation, MemoUpdate(blob=None, stored=stored, **computed)
-    made = StoredMemo(digest=memo_digest(blob), entries=entry_count(used), evictions=evictions)
+    made = StoredMemo(digest=memo_digest(blob), messages=size, evictions=evictions)
     return evaluation, MemoUpdate(blob=blob, stored=made, **computed)
 
 
@@ -181,10 +189,10 @@ def _load_memo(
     digest = memo_digest(memo)
     if known is not None and known.digest == digest and known.evictions == evictions:
         return known  # made or loaded here, and nothing has been evicted since
-    entries = decode_memo(memo)
-    preload(entries, caches)
+    loaded = decode_memo(memo)
+    preload(loaded.entries, caches)
     after = sum(cache.evictions for cache in caches.values())
-    return StoredMemo(digest=digest, entries=entry_count(entries), evictions=after)
+    return StoredMemo(digest=digest, messages=loaded.messages, evictions=after)
 
 
 def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:
@@ -193,17 +201,23 @@ def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:
     )
 
 
-def evaluate(parsed: ParsedSnapshot, tokenizer: Tokenizer) -> Evaluation:
-    """Project the history as the next request would see it, count it, resolve the threshold."""
+def evaluate(
+    parsed: ParsedSnapshot, tokenizer: Tokenizer, prior: CountedProjection | None = None
+) -> Evaluation:
+    """Project the history as the next request would see it, count it, resolve the threshold.
+
+    ``prior``: the conversation's last counted projection in this process, whose messages the
+    parse may have reused; those are not projected or counted again."""
     config = parsed.settings.compaction
     window = parsed.snapshot.model.context_window
-    projection = project(parsed.messages, projection_policy(parsed))
+    counted = project_and_count(parsed.messages, projection_policy(parsed), tokenizer, prior)
     return Evaluation(
-        projection=projection,
-        projected_tokens=count_request_tokens(projection.messages, tokenizer),
+        projection=counted.projection,
+        projected_tokens=counted.tokens,
         threshold=config.auto_compact_threshold(window),
         context_window=window,
         trigger_kind=config.auto_compact_trigger,
+        counted=counted,
     )
 
 

@@ -294,6 +294,70 @@ def count_message_tokens(message: Message, tokenizer: Tokenizer) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class CountedProjection:
+    """A projection with each projected message's exact token count: what the next evaluation
+    of the grown conversation reuses for the messages it shares (the very same objects, as a
+    parse that reuses its earlier parse hands back)."""
+
+    source: list[Message]
+    projection: Projection
+    counts: list[int]  # per projected message, framing included
+    policy: ProjectionPolicy
+    tokenizer: str
+
+    @property
+    def tokens(self) -> int:
+        return REPLY_PRIMING_TOKENS + sum(self.counts)
+
+
+def project_and_count(
+    messages: list[Message],
+    policy: ProjectionPolicy,
+    tokenizer: Tokenizer,
+    prior: CountedProjection | None = None,
+) -> CountedProjection:
+    """:func:`project` and count; with a ``prior`` of the same conversation, the leading
+    messages it shares are neither projected nor counted again, when each message projects on
+    its own (no budget or recency across messages)."""
+    shared = _shared_prefix(prior, messages, policy, tokenizer)
+    if prior is None or shared == 0:
+        projection = project(messages, policy)
+        counts = [count_message_tokens(m, tokenizer) for m in projection.messages]
+        return CountedProjection(messages, projection, counts, policy, tokenizer.name)
+    rest = project(messages[shared:], policy)
+    kept_calls = {m.tool_call_id for m in messages[:shared] if m.role == "tool"}
+    bodies = {cid: b for cid, b in prior.projection.bodies.items() if cid in kept_calls}
+    projection = Projection(
+        messages=prior.projection.messages[:shared] + rest.messages,
+        bodies=bodies | rest.bodies,
+    )
+    counts = prior.counts[:shared] + [count_message_tokens(m, tokenizer) for m in rest.messages]
+    return CountedProjection(messages, projection, counts, policy, tokenizer.name)
+
+
+def _shared_prefix(
+    prior: CountedProjection | None,
+    messages: list[Message],
+    policy: ProjectionPolicy,
+    tokenizer: Tokenizer,
+) -> int:
+    if (
+        prior is None
+        or policy.projected_tool_result_budget is not None
+        or policy.keep_recent_tool_results is not None
+        or prior.policy != policy
+        or prior.tokenizer != tokenizer.name
+    ):
+        return 0
+    shared = 0
+    for mine, theirs in zip(messages, prior.source, strict=False):
+        if mine is not theirs:
+            break
+        shared += 1
+    return shared
+
+
 def count_request_tokens(messages: list[Message], tokenizer: Tokenizer) -> int:
     """The tokens a request carrying ``messages`` costs (framing included)."""
     return REPLY_PRIMING_TOKENS + sum(count_message_tokens(m, tokenizer) for m in messages)

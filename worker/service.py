@@ -91,8 +91,13 @@ class Service:
             return parsed  # type: ignore[return-value]
         tokenizer = tokenizer_of(parsed)
         evaluation, memo = evaluate_with_memo(
-            parsed, tokenizer, work.memo, self.recent.stored_memo(conversation_id)
+            parsed,
+            tokenizer,
+            work.memo,
+            self.recent.stored_memo(conversation_id),
+            self.recent.counted(conversation_id),
         )
+        self.recent.remember_counted(conversation_id, evaluation.counted)
         counters.update(memo.counters())
         elided = elided_event(parsed, evaluation, self.now())
         if elided is not None:

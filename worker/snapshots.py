@@ -22,6 +22,7 @@ from worker.config import Settings
 from worker.errors import ConfigError, InvalidSnapshot
 from worker.memo import StoredMemo
 from worker.models import Message, Snapshot
+from worker.projection import CountedProjection
 
 # Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
 OPERATOR_ONLY = frozenset(
@@ -58,6 +59,7 @@ class RecentSnapshots:
     def __init__(self, max_bytes: int) -> None:
         self._entries: OrderedDict[str, tuple[ParsedSnapshot, int]] = OrderedDict()
         self._memos: dict[str, StoredMemo] = {}  # for conversations in _entries only
+        self._counted: dict[str, CountedProjection] = {}  # likewise
         self._max_bytes = max_bytes
         self._bytes = 0
         self._lock = threading.Lock()
@@ -77,14 +79,29 @@ class RecentSnapshots:
             if old is not None:
                 self._bytes -= old[1]
             if size_bytes > self._max_bytes:
-                self._memos.pop(conversation_id, None)
+                self._forget(conversation_id)
                 return
             self._entries[conversation_id] = (parsed, size_bytes)
             self._bytes += size_bytes
             while self._bytes > self._max_bytes:
                 dropped_id, (_, dropped) = self._entries.popitem(last=False)
-                self._memos.pop(dropped_id, None)
+                self._forget(dropped_id)
                 self._bytes -= dropped
+
+    def _forget(self, conversation_id: str) -> None:
+        self._memos.pop(conversation_id, None)
+        self._counted.pop(conversation_id, None)
+
+    def counted(self, conversation_id: str) -> CountedProjection | None:
+        """The conversation's last counted projection in this process."""
+        return self._counted.get(conversation_id)
+
+    def remember_counted(self, conversation_id: str, counted: CountedProjection | None) -> None:
+        with self._lock:
+            if counted is not None and conversation_id in self._entries:
+                self._counted[conversation_id] = counted
+            else:
+                self._counted.pop(conversation_id, None)
 
     def stored_memo(self, conversation_id: str) -> StoredMemo | None:
         """What this process knows of the conversation's memo in Redis."""

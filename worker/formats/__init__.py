@@ -76,7 +76,7 @@ def identify(
         elif prior is not None and index < prior.equal:
             is_plain = prior.plain[index]
             if is_plain is None:
-                is_plain = _is_plain(raw)
+                is_plain = is_plain_json(raw)
             mid = prior.ids[index] if is_plain else derived_message_id(index, raw)
         else:
             mid = derived_message_id(index, raw)
@@ -86,13 +86,6 @@ def identify(
         ids.append(mid)
         plain.append(is_plain)
     return ids, plain
-
-
-def _is_plain(raw: dict[str, Any]) -> bool:
-    try:
-        return is_plain_json(raw)
-    except RecursionError:  # absurdly deep: just hash it again
-        return False
 
 
 def to_messages(
