@@ -32,7 +32,7 @@ from worker.celery_app import make_app  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.config import Settings, load_settings, with_redis_url  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
-from worker.pipeline import evaluate, tokenizer_of  # noqa: E402
+from worker.pipeline import tokenizer_of  # noqa: E402
 from worker.snapshots import parse_snapshot  # noqa: E402
 from worker.tokens import TiktokenTokenizer  # noqa: E402
 
@@ -240,29 +240,95 @@ def latency(settings: Settings, env: dict[str, str], logs: Path, n: int) -> list
     return out
 
 
-def regrowth(size: int, grow: int) -> tuple[float, float, float]:
-    """ms to evaluate a conversation cold; the same grown by ``grow`` messages in a warm
-    process; and the grown one cold."""
-    base, grown = snapshot("g", size), snapshot("g", size + grow, revision=2)
+def regrowth(size: int, grow: int) -> dict[str, float]:
+    """ms to parse and evaluate a conversation of ``size`` messages grown by ``grow``, as a
+    worker does (from the payload bytes): cold (a process that never saw it, no memo); in the
+    process that evaluated it before (its last parse and counted projection reused); and in
+    another process that has only the conversation's memo from Redis."""
+    import worker.projection as projection
+    import worker.tokens as tokens
+    from worker.pipeline import StoredBlob, evaluate_with_memo
 
-    def timed(snap: dict[str, Any], fresh: bool) -> float:
-        import worker.tokens as tokens
+    base = json.dumps(snapshot("g", size)).encode()
+    grown = json.dumps(snapshot("g", size + grow, revision=2)).encode()
+    settings = Settings()
 
-        if fresh:
-            tokens._tokenizers.clear()
-        parsed = parse_snapshot(snap, Settings())
+    def fresh() -> None:
+        tokens._tokenizers.clear()
+        projection._compressed_front = projection.new_compression_cache()
+
+    def timed(call: Any) -> float:
         t0 = time.perf_counter()
-        evaluate(parsed, tokenizer_of(parsed))
+        call()
         return (time.perf_counter() - t0) * 1000
 
+    def cold() -> float:
+        fresh()
+        return timed(lambda: evaluate_with_memo(*_parsed(grown, settings, None), None))
+
+    def warm() -> float:
+        fresh()
+        earlier = parse_snapshot(base, settings)
+        first, update = evaluate_with_memo(earlier, tokenizer_of(earlier), None)
+
+        def again() -> None:
+            parsed = parse_snapshot(grown, settings, earlier=earlier)
+            assert update.stored is not None
+            known = StoredBlob(update.stored.digest)  # the store sends only the digest
+            evaluate_with_memo(parsed, tokenizer_of(parsed), known, update.stored, first.counted)
+
+        return timed(again)
+
+    def other_process() -> float:
+        fresh()
+        earlier = parse_snapshot(base, settings)
+        _, update = evaluate_with_memo(earlier, tokenizer_of(earlier), None)
+        fresh()
+        assert update.blob is not None and update.stored is not None
+        memo = StoredBlob(update.stored.digest, update.blob)
+        return timed(lambda: evaluate_with_memo(*_parsed(grown, settings, None), memo))
+
     TiktokenTokenizer("gpt-4.1")  # load the encoding outside the timings
-    cold = statistics.median(timed(base, True) for _ in range(5))
-    warm_grown = []
-    for _ in range(5):
-        timed(base, True)
-        warm_grown.append(timed(grown, False))
-    cold_grown = statistics.median(timed(grown, True) for _ in range(5))
-    return cold, statistics.median(warm_grown), cold_grown
+    return {
+        name: statistics.median(measure() for _ in range(7))
+        for name, measure in (("cold", cold), ("warm", warm), ("memo", other_process))
+    }
+
+
+def _parsed(payload: bytes, settings: Settings, earlier: Any) -> tuple[Any, Any]:
+    parsed = parse_snapshot(payload, settings, earlier=earlier)
+    return parsed, tokenizer_of(parsed)
+
+
+def scaling_rows(
+    settings: Settings,
+    env: dict[str, str],
+    logs: Path,
+    size: int,
+    count: int,
+    repeat: int,
+) -> None:
+    """Floor, new and growing, measured one after the other ``repeat`` times (interleaved, so
+    that a noisy neighbour hits all three alike); medians printed."""
+    for workers in (1, 2):
+        rows = []
+        for r in range(repeat):
+            floor = run_noop(settings, env, logs, workers, count * 5)
+            tag = f"{size}w{workers}r{r}"
+            new = run_evaluations(settings, env, logs, workers, size, count, f"s{tag}")
+            grown = run_evaluations(
+                settings, env, logs, workers, size, count, f"g{tag}", grown_by=2
+            )
+            rows.append((floor, new, grown, new / floor, grown / floor))
+        med = [statistics.median(col) for col in zip(*rows, strict=True)]
+        spread = f"{min(x[4] for x in rows):.2f}-{max(x[4] for x in rows):.2f}"
+        print(
+            f"{size:4}-message snapshots, {workers} worker process(es), median of {repeat}: "
+            f"no-op floor {med[0]:7.1f} tasks/s; new conversations {med[1]:6.1f}/s "
+            f"({med[3]:.2f} of floor); growing conversations {med[2]:6.1f}/s ({med[4]:.2f} of "
+            f"floor; runs {spread})",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -273,6 +339,7 @@ def main() -> int:
         "--sizes", default="50,500", help="snapshot sizes in messages, comma-separated"
     )
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per row")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         embedded = None
@@ -295,35 +362,24 @@ def main() -> int:
             counts = {50: args.snapshots, 500: max(args.snapshots // 5, 20)}
             for size in sizes:
                 count = counts.get(size, args.snapshots)
-                for workers in (1, 2):
-                    floor = run_noop(settings, env, logs, workers, count * 5)
-                    cold = run_evaluations(
-                        settings, env, logs, workers, size, count, f"s{size}w{workers}"
-                    )
-                    grown = run_evaluations(
-                        settings, env, logs, workers, size, count, f"g{size}w{workers}", grown_by=2
-                    )
-                    print(
-                        f"{size:4}-message snapshots, {workers} worker process(es): "
-                        f"no-op floor {floor:7.1f} tasks/s; new conversations "
-                        f"{cold:6.1f}/s ({cold / floor:.2f} of floor); growing conversations "
-                        f"{grown:6.1f}/s ({grown / floor:.2f} of floor)",
-                        flush=True,
-                    )
-            if args.skip_latency:
-                return 0
-            lat = latency(settings, env, logs, 100)
-            q = statistics.quantiles(lat, n=100)
-            print(
-                f"submit -> skipped event, 50 messages, idle system (ms): p50 {q[49]:.1f}, "
-                f"p99 {q[98]:.1f}"
-            )
-            cold, warm, cold_grown = regrowth(500, 10)
-            print(
-                f"evaluate 500 messages cold {cold:.1f} ms; grown by 10 in a warm process "
-                f"{warm:.1f} ms; the grown one cold {cold_grown:.1f} ms "
-                f"(warm/cold {warm / cold_grown:.2f})"
-            )
+                scaling_rows(settings, env, logs, size, count, args.repeat)
+            if not args.skip_latency:
+                lat = latency(settings, env, logs, 100)
+                q = statistics.quantiles(lat, n=100)
+                print(
+                    f"submit -> skipped event, 50 messages, idle system (ms): p50 {q[49]:.1f}, "
+                    f"p99 {q[98]:.1f}",
+                    flush=True,
+                )
+            for size, grow in ((50, 2), (500, 10)):
+                ms = regrowth(size, grow)
+                print(
+                    f"parse + evaluate {size} messages grown by {grow}, from the payload (ms): "
+                    f"cold {ms['cold']:.2f}; in the process that saw it {ms['warm']:.2f} "
+                    f"({ms['warm'] / ms['cold']:.2f} of cold); in another process, with the "
+                    f"memo {ms['memo']:.2f} ({ms['memo'] / ms['cold']:.2f} of cold)",
+                    flush=True,
+                )
         finally:
             if embedded is not None:
                 embedded.stop()

@@ -18,14 +18,17 @@ from worker.memo import (
     StoredMemo,
     decode_memo,
     encode_memo,
+    memo_digest,
     preload,
     worth_rewriting,
 )
-from worker.pipeline import evaluate, evaluate_with_memo, tokenizer_of
+from worker.pipeline import StoredBlob, evaluate, evaluate_with_memo, tokenizer_of
 from worker.snapshots import ParsedSnapshot, RecentSnapshots, parse_snapshot
 from worker.tokens import TiktokenTokenizer
 
 DEFAULT = Settings()
+
+pytest_plugins = ["service_support"]  # the redis_url fixture: a real Redis
 
 # --- the memo's encoding -------------------------------------------------------------------------
 
@@ -170,7 +173,7 @@ def test_a_grown_conversation_on_another_process_computes_only_its_new_messages(
 
     fresh_caches(monkeypatch)  # the next snapshot lands on another process
     grown = parse_snapshot(conversation(8, revision=2), DEFAULT)
-    with_memo, after = evaluate_with_memo(grown, tokenizer_of(grown), update.blob)
+    with_memo, after = evaluate_with_memo(grown, tokenizer_of(grown), stored_blob(update.blob))
     assert after.results_compressed == 2  # the two new tool results
     # Two new exchanges: the assistant's text and arguments, the results, and their
     # compressed forms; the rest came from the memo.
@@ -182,28 +185,64 @@ def test_a_grown_conversation_on_another_process_computes_only_its_new_messages(
     assert with_memo.projection.messages == without.projection.messages
 
 
+def stored_blob(blob: bytes | None) -> StoredBlob | None:
+    """The memo as the store returns it to a reader that does not know it."""
+    return StoredBlob(memo_digest(blob), blob) if blob else None
+
+
 def test_a_process_that_made_the_memo_does_not_load_it_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fresh_caches(monkeypatch)
-    first = parse_snapshot(conversation(4), DEFAULT)
+    first = parse_snapshot(conversation(10), DEFAULT)
     _, made = evaluate_with_memo(first, tokenizer_of(first), None)
-    assert made.blob is not None
-    grown = parse_snapshot(conversation(5, revision=2), DEFAULT)
+    assert made.blob is not None and made.stored is not None
+    grown = parse_snapshot(conversation(11, revision=2), DEFAULT)  # 23 messages: no rewrite
     calls: list[bytes | None] = []
     import worker.pipeline as pipeline
 
     real = pipeline.decode_memo
     monkeypatch.setattr(pipeline, "decode_memo", lambda b: calls.append(b) or real(b))
-    _, again = evaluate_with_memo(grown, tokenizer_of(grown), made.blob, made.stored)
-    assert calls == []
-    # After its caches evicted entries, the process cannot know it still has them: it loads.
+    # The store sends only the digest to a reader that knows it.
+    digest_only = StoredBlob(made.stored.digest)
+    _, again = evaluate_with_memo(grown, tokenizer_of(grown), digest_only, made.stored)
+    assert calls == [] and again.stored == made.stored
+    # After evictions the process may lack some entries; it computes those again.
     tokenizer = tokenizer_of(grown)
     assert isinstance(tokenizer, TiktokenTokenizer)
     tokenizer.cache.evictions += 1
-    evaluate_with_memo(grown, tokenizer, made.blob, made.stored)
-    assert calls == [made.blob]
-    assert again.stored is not None
+    _, later = evaluate_with_memo(grown, tokenizer, digest_only, made.stored)
+    assert calls == [] and later.stored is not None
+    assert later.stored.evictions == made.stored.evictions + 1
+    # Another process's memo (another digest) is loaded.
+    other = encode_memo({}, messages=9)
+    assert other is not None
+    evaluate_with_memo(grown, tokenizer, stored_blob(other), made.stored)
+    assert calls == [other]
+
+
+def test_the_store_sends_the_memo_only_to_a_reader_that_lacks_it(redis_url: str) -> None:
+    from worker.redis_state import RedisState, connect
+
+    state = RedisState(connect(redis_url), DEFAULT.redis)
+    state.store_snapshot("c-m", 1, json.dumps(conversation(1)).encode())
+    assert state.take_work("c-m").memo_digest is None
+    from worker.models import CompactionEvent
+
+    event = CompactionEvent(
+        type="compaction.skipped",
+        event_id="e1",
+        conversation_id="c-m",
+        revision=1,
+        created_at="2026-11-30T00:00:00Z",
+    )
+    state.publish(event, memo=b"{memo}", memo_digest="abc")
+    state.store_snapshot("c-m", 2, json.dumps(conversation(1)).encode())
+    fresh = state.take_work("c-m")
+    assert (fresh.memo_digest, fresh.memo) == ("abc", b"{memo}")
+    state.store_snapshot("c-m", 3, json.dumps(conversation(1)).encode())
+    knowing = state.take_work("c-m", known_memo="abc")
+    assert (knowing.memo_digest, knowing.memo) == ("abc", None)
 
 
 # --- reusing the last parse ----------------------------------------------------------------------
@@ -467,10 +506,12 @@ def test_a_memo_written_by_a_process_that_reuses_is_still_complete(
     while n < 20 or (stored is not None and stored.messages == 2 * n + 1):
         n += 1  # one exchange per turn; the memo is rewritten every few turns
         parsed = parse_snapshot(grep_conversation(n, revision=n), DEFAULT, earlier=parsed)
-        evaluation, update = evaluate_with_memo(parsed, tokenizer_of(parsed), blob, stored, counted)
+        evaluation, update = evaluate_with_memo(
+            parsed, tokenizer_of(parsed), stored_blob(blob), stored, counted
+        )
         counted, stored, blob = evaluation.counted, update.stored, update.blob or blob
     assert stored is not None and stored.messages < 2 * n + 1  # the memo is behind
     fresh_caches(monkeypatch)
     last = parse_snapshot(grep_conversation(n, revision=n), DEFAULT)
-    _, other = evaluate_with_memo(last, tokenizer_of(last), blob)
+    _, other = evaluate_with_memo(last, tokenizer_of(last), stored_blob(blob))
     assert other.results_compressed == (2 * n + 1 - stored.messages) // 2

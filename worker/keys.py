@@ -12,7 +12,7 @@ ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys can
 | ``cw:lock:{conv}`` | string (fencing token) | summarize | lease (``lock_lease_s``), renewed |
 | ``cw:fence:{conv}`` | string (int counter) | summarize | ``stream_ttl_s`` |
 | ``cw:rerun:{conv}`` | string flag | evaluate while locked | ``snapshot_ttl_s`` |
-| ``cw:memo:{conv}`` | string (JSON) | evaluate (skipped) | ``snapshot_ttl_s`` |
+| ``cw:memo:{conv}`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
 | ``cw:last:{conv}`` | string (event JSON) | publish (completed) | ``stream_ttl_s`` |
 | ``cw:events:{conv}`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
 | ``cw:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` |

@@ -45,13 +45,13 @@ class StoredMemo:
     of the snapshot that wrote it, and the caches' eviction count when this process last had
     all its entries."""
 
-    digest: bytes
+    digest: str
     messages: int
     evictions: int
 
 
-def memo_digest(blob: bytes) -> bytes:
-    return hashlib.blake2b(blob, digest_size=16).digest()
+def memo_digest(blob: bytes) -> str:
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
 def worth_rewriting(messages: int, stored: StoredMemo | None) -> bool:

@@ -148,12 +148,13 @@ class MemoUpdate:
 def evaluate_with_memo(
     parsed: ParsedSnapshot,
     tokenizer: Tokenizer,
-    memo: bytes | None,
+    memo: StoredBlob | None,
     known: StoredMemo | None = None,
     prior: CountedProjection | None = None,
 ) -> tuple[Evaluation, MemoUpdate]:
     """:func:`evaluate`, first preloading the conversation's stored ``memo`` (what earlier
-    evaluations computed) unless ``known`` says this process already has all of it.
+    evaluations computed) unless ``known`` says this process already has all of it (the store
+    then need not send its bytes).
 
     When the stored memo has fallen behind, this evaluation writes a new one: it then evaluates
     every message (not reusing ``prior``), so that every entry used is noted."""
@@ -178,21 +179,35 @@ def evaluate_with_memo(
     return evaluation, MemoUpdate(blob=blob, stored=made, **computed)
 
 
+@dataclass(frozen=True)
+class StoredBlob:
+    """A conversation's memo as the store returned it: its digest, and its bytes unless the
+    reader said it knew that digest."""
+
+    digest: str
+    blob: bytes | None = None
+
+
 def _load_memo(
-    memo: bytes | None,
+    memo: StoredBlob | None,
     known: StoredMemo | None,
     caches: dict[str, ContentCache[Any]],
     evictions: int,
 ) -> StoredMemo | None:
     if memo is None:
         return None
-    digest = memo_digest(memo)
-    if known is not None and known.digest == digest and known.evictions == evictions:
+    if known is not None and known.digest == memo.digest:
+        if known.evictions != evictions:
+            # Some of its entries may have left this process's caches since; those are
+            # computed again, and the memo is taken as known from now on.
+            return StoredMemo(digest=known.digest, messages=known.messages, evictions=evictions)
         return known  # made or loaded here, and nothing has been evicted since
-    loaded = decode_memo(memo)
+    if memo.blob is None:
+        return None  # the store held back bytes we do not have: evaluate without them
+    loaded = decode_memo(memo.blob)
     preload(loaded.entries, caches)
     after = sum(cache.evictions for cache in caches.values())
-    return StoredMemo(digest=digest, messages=loaded.messages, evictions=after)
+    return StoredMemo(digest=memo.digest, messages=loaded.messages, evictions=after)
 
 
 def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:

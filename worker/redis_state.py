@@ -91,8 +91,11 @@ if ARGV[6] ~= '' then
   local latest = tonumber(redis.call('GET', KEYS[8]) or '-1')
   if tonumber(ARGV[6]) >= latest then redis.call('ZREM', KEYS[9], ARGV[9]) end
 end
-if ARGV[11] ~= '' then redis.call('SET', KEYS[11], ARGV[11], 'EX', ARGV[12]) end
-for i = 13, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[10], ARGV[i], ARGV[i + 1]) end
+if ARGV[11] ~= '' then
+  redis.call('HSET', KEYS[11], 'd', ARGV[13], 'b', ARGV[11])
+  redis.call('EXPIRE', KEYS[11], ARGV[12])
+end
+for i = 14, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[10], ARGV[i], ARGV[i + 1]) end
 if ARGV[7] == '1' then
   redis.call('LPUSH', KEYS[7], ARGV[1])
   redis.call('LTRIM', KEYS[7], 0, ARGV[10] - 1)
@@ -107,8 +110,11 @@ local latest = redis.call('GET', KEYS[2])
 local handled = redis.call('GET', KEYS[3]) or '-1'
 if not latest or tonumber(latest) <= tonumber(handled) then return {latest or false, handled} end
 local payload = redis.call('GET', ARGV[1] .. latest)
-local memo = redis.call('GET', KEYS[5])
-return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), memo or false}
+local digest = redis.call('HGET', KEYS[5], 'd')
+local memo = false
+if digest and digest ~= ARGV[2] then memo = redis.call('HGET', KEYS[5], 'b') end
+return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), digest or false,
+        memo}
 """
 
 _SETTLE = """
@@ -148,7 +154,10 @@ class Work:
     handled: int  # newest revision with an outcome
     payload: bytes | None = None  # the newest snapshot, when there is work to do
     compactions: list[CompactionEvent] = field(default_factory=list)  # oldest first
-    memo: bytes | None = None  # what the last evaluation computed (worker.memo)
+    # The conversation's evaluation memo (worker.memo): its digest, and its bytes unless the
+    # caller already knew that digest.
+    memo_digest: str | None = None
+    memo: bytes | None = None
 
     @property
     def pending(self) -> bool:
@@ -187,9 +196,10 @@ class RedisState:
             )
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
 
-    def take_work(self, conversation_id: str) -> Work:
+    def take_work(self, conversation_id: str, *, known_memo: str = "") -> Work:
         """In one round trip: clear the queued flag (later submissions enqueue afresh), and read
-        the newest and handled revisions, the newest snapshot and the recent compactions."""
+        the newest and handled revisions, the newest snapshot, the recent compactions and the
+        evaluation memo (its bytes only when its digest is not ``known_memo``)."""
         with redis_errors("reading the conversation's work"):
             reply = self._take(
                 keys=[
@@ -199,7 +209,7 @@ class RedisState:
                     keys.last_compaction(conversation_id),
                     keys.memo(conversation_id),
                 ],
-                args=[keys.snapshot(conversation_id, 0)[:-1]],
+                args=[keys.snapshot(conversation_id, 0)[:-1], known_memo],
             )
         latest = int(reply[0]) if reply[0] else None
         handled = int(reply[1])
@@ -207,9 +217,13 @@ class RedisState:
             return Work(latest=latest, handled=handled)
         payload = zlib.decompress(reply[2]) if reply[2] else None
         compactions = [CompactionEvent.model_validate_json(r) for r in reversed(reply[3])]
-        memo = reply[4] or None
         return Work(
-            latest=latest, handled=handled, payload=payload, compactions=compactions, memo=memo
+            latest=latest,
+            handled=handled,
+            payload=payload,
+            compactions=compactions,
+            memo_digest=_text(reply[4]) if reply[4] else None,
+            memo=reply[5] or None,
         )
 
     def handled_revision(self, conversation_id: str) -> int:
@@ -284,6 +298,7 @@ class RedisState:
         handled_revision: int | None = None,
         counters: dict[str, float] | None = None,
         memo: bytes | None = None,
+        memo_digest: str = "",
     ) -> PublishStatus:
         """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
         record the handled revision, add ``counters`` and store the conversation's evaluation
@@ -319,6 +334,7 @@ class RedisState:
                         LAST_COMPACTIONS,
                         memo or "",
                         self.config.snapshot_ttl_s,
+                        memo_digest,
                         *[x for name, n in (counters or {}).items() for x in (name, n)],
                     ],
                 )

@@ -31,6 +31,7 @@ from worker.errors import InvalidSnapshot, LeaseLost
 from worker.models import CompactionEvent
 from worker.pipeline import (
     Adapters,
+    StoredBlob,
     compact_if_needed,
     elided_event,
     evaluate,
@@ -79,7 +80,8 @@ class Service:
     # --- evaluate ----------------------------------------------------------------------------
 
     def evaluate(self, conversation_id: str, *, submitted_at: float | None = None) -> Outcome:
-        work = self.state.take_work(conversation_id)
+        known = self.recent.stored_memo(conversation_id)
+        work = self.state.take_work(conversation_id, known_memo=known.digest if known else "")
         if not work.pending:
             return self._nothing_to_do(conversation_id, work)
         counters = {"snapshots_evaluated_total": 1.0}
@@ -90,12 +92,9 @@ class Service:
         if isinstance(parsed, str):
             return parsed  # type: ignore[return-value]
         tokenizer = tokenizer_of(parsed)
+        stored = StoredBlob(work.memo_digest, work.memo) if work.memo_digest else None
         evaluation, memo = evaluate_with_memo(
-            parsed,
-            tokenizer,
-            work.memo,
-            self.recent.stored_memo(conversation_id),
-            self.recent.counted(conversation_id),
+            parsed, tokenizer, stored, known, self.recent.counted(conversation_id)
         )
         self.recent.remember_counted(conversation_id, evaluation.counted)
         counters.update(memo.counters())
@@ -109,6 +108,7 @@ class Service:
                 handled_revision=work.latest,
                 counters=counters,
                 memo=memo.blob,
+                memo_digest=memo.stored.digest if memo.blob and memo.stored else "",
             )
             self.recent.remember_memo(conversation_id, memo.stored)
             return "skipped"
