@@ -295,6 +295,26 @@ def regrowth(size: int, grow: int) -> dict[str, float]:
     }
 
 
+def tokenize_only_ms(size: int) -> float:
+    """ms that exact counting alone takes for a new conversation of ``size`` messages: every
+    text it holds through tiktoken once, no caches, nothing else."""
+    from worker.tokens import get_encoding
+
+    encoding = get_encoding("o200k_base")
+    texts: list[str] = []
+    for m in snapshot("t", size)["messages"]:
+        texts.append(m["content"] or "")
+        texts += [c["function"]["arguments"] for c in m.get("tool_calls", [])]
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        for text in texts:
+            encoding.encode(text, disallowed_special=())
+        return (time.perf_counter() - t0) * 1000
+
+    return statistics.median(once() for _ in range(21))
+
+
 def _parsed(payload: bytes, settings: Settings, earlier: Any) -> tuple[Any, Any]:
     parsed = parse_snapshot(payload, settings, earlier=earlier)
     return parsed, tokenizer_of(parsed)
@@ -369,6 +389,12 @@ def main() -> int:
                 print(
                     f"submit -> skipped event, 50 messages, idle system (ms): p50 {q[49]:.1f}, "
                     f"p99 {q[98]:.1f}",
+                    flush=True,
+                )
+            for size in sizes:
+                print(
+                    f"tiktoken alone, every text of a new {size}-message conversation once: "
+                    f"{tokenize_only_ms(size):.2f} ms",
                     flush=True,
                 )
             for size, grow in ((50, 2), (500, 10)):
