@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from service_support import redis_server, redis_url  # noqa: F401 - fixtures: a real Redis
 
 from worker.cache import ContentCache, recording
 from worker.config import Settings
@@ -27,8 +28,6 @@ from worker.snapshots import ParsedSnapshot, RecentSnapshots, parse_snapshot
 from worker.tokens import TiktokenTokenizer
 
 DEFAULT = Settings()
-
-pytest_plugins = ["service_support"]  # the redis_url fixture: a real Redis
 
 # --- the memo's encoding -------------------------------------------------------------------------
 

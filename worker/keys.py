@@ -15,11 +15,16 @@ ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys can
 | ``cw:memo:{conv}`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
 | ``cw:last:{conv}`` | string (event JSON) | publish (completed) | ``stream_ttl_s`` |
 | ``cw:events:{conv}`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
-| ``cw:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` |
+| ``cw:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:announce:{conv}`` | pub/sub channel | publish | none (not stored) |
 | ``cw:recent`` | stream (all conversations) | publish | MAXLEN 1000 |
 | ``cw:pending`` | zset conv -> submit time | submit, publish | member removed when handled |
 | ``cw:metrics`` | hash of counters | everyone | none (counters) |
+
+An evaluation's own events (``compaction.skipped``, ``tool_results.elided``) keep their
+``cw:published`` flag only as long as a redelivery of that evaluation can come (two visibility
+timeouts plus the reconciler's delay and the evaluate time limit), not ``stream_ttl_s``: at a
+million evaluations a day, a week of flags would be seven million keys.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ return {'coalesced', rev}
 
 _PUBLISH = """
 if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return 'lease_lost' end
-if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[3]) then return 'duplicate' end
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return 'duplicate' end
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[1])
@@ -299,10 +299,15 @@ class RedisState:
         counters: dict[str, float] | None = None,
         memo: bytes | None = None,
         memo_digest: str = "",
+        dedup_ttl_s: int | None = None,
     ) -> PublishStatus:
         """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
         record the handled revision, add ``counters`` and store the conversation's evaluation
-        ``memo``. Raises LeaseLost if the fencing token is stale."""
+        ``memo``. Raises LeaseLost if the fencing token is stale.
+
+        ``dedup_ttl_s``: how long the event id is remembered against a second publish (default
+        ``stream_ttl_s``); an event that only a redelivery could publish again needs it only as
+        long as a redelivery can come."""
         conv = event.conversation_id
         is_completed = event.type == "compaction.completed"
         with redis_errors("publishing an event"):
@@ -323,7 +328,7 @@ class RedisState:
                     ],
                     args=[
                         event.to_json(),
-                        "",
+                        dedup_ttl_s or self.config.stream_ttl_s,
                         self.config.stream_ttl_s,
                         self.config.stream_maxlen,
                         fencing_token or "",

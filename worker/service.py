@@ -100,7 +100,7 @@ class Service:
         counters.update(memo.counters())
         elided = elided_event(parsed, evaluation, self.now())
         if elided is not None:
-            self.state.publish(elided)
+            self.state.publish(elided, dedup_ttl_s=self._evaluation_dedup_ttl_s())
         if not evaluation.over_threshold:
             counters["compactions_skipped_total"] = 1.0
             self.state.publish(
@@ -109,11 +109,26 @@ class Service:
                 counters=counters,
                 memo=memo.blob,
                 memo_digest=memo.stored.digest if memo.blob and memo.stored else "",
+                dedup_ttl_s=self._evaluation_dedup_ttl_s(),
             )
             self.recent.remember_memo(conversation_id, memo.stored)
             return "skipped"
         self.state.incr_many(counters)
         return self._hand_to_summarize(conversation_id, parsed.revision)
+
+    def _evaluation_dedup_ttl_s(self) -> int:
+        """How long an evaluation's event ids are kept against a second publish: only a
+        redelivered evaluate task (after the visibility timeout) or the reconciler (after
+        ``reconcile_after_s``) can evaluate the same revision again, and once its outcome is
+        published the handled revision stops them. Keeping the ids for ``stream_ttl_s`` (a
+        week) would hold a key per evaluation for a week."""
+        redis, worker = self.settings.redis, self.settings.worker
+        return int(
+            2 * redis.visibility_timeout_s
+            + worker.reconcile_after_s
+            + worker.reconcile_interval_s
+            + worker.evaluate_time_limit_s
+        )
 
     def _hand_to_summarize(self, conversation_id: str, revision: int) -> Outcome:
         """Queue the compaction; while another one runs, flag a re-run for its holder and also

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import worker_process_shutdown
 
 from worker.celery_app import EVALUATE_QUEUE, SUMMARIZE_QUEUE, app
 from worker.config import Settings
@@ -53,20 +53,6 @@ def _build(settings: Settings) -> Service:
             args=[conv, time.time()], queue=EVALUATE_QUEUE
         ),
     )
-
-
-@worker_ready.connect  # solo and threads pools: tasks run in this process
-@worker_process_init.connect  # prefork: in each child
-def _warm_up(**_: Any) -> None:
-    """Build the service and load the default encoding before the first task, so the first
-    snapshot a worker takes is not also the one that pays for loading the tokenizer."""
-    from worker.tokens import tokenizer_for
-
-    try:
-        service()
-        tokenizer_for(None)
-    except Exception:  # a task will meet the same error and report it properly
-        log.warning("warm-up failed; the first task will retry it", exc_info=True)
 
 
 @worker_process_shutdown.connect

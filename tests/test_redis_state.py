@@ -1,0 +1,51 @@
+"""The Redis adapter against a real Redis: what an evaluation leaves behind, and for how long."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import redis
+from service_support import (  # noqa: F401 - fixtures: a real Redis
+    conversation,
+    redis_server,
+    redis_url,
+)
+
+from worker.config import Settings
+from worker.keys import published
+from worker.redis_state import RedisState, connect
+from worker.service import Service
+from worker.transcripts import TranscriptStore
+
+
+def service(url: str, tmp_path: Path, **config: Any) -> Service:
+    settings = Settings(compaction={"transcript_dir": str(tmp_path), **config})
+    return Service(
+        settings=settings,
+        state=RedisState(connect(url), settings.redis),
+        store=TranscriptStore(tmp_path),
+        llm=None,
+        enqueue_summarize=lambda *_: None,
+        enqueue_evaluate=lambda *_: None,
+    )
+
+
+def test_an_evaluation_remembers_its_event_ids_only_as_long_as_a_redelivery_can_come(
+    redis_url: str, tmp_path: Path
+) -> None:
+    svc = service(redis_url, tmp_path, keep_recent_tool_results=1)
+    snap = conversation("c-ttl", 4, window=1_000_000)
+    svc.state.store_snapshot("c-ttl", 0, json.dumps(snap).encode())
+    assert svc.evaluate("c-ttl") == "skipped"
+    events = [e for _, e in svc.state.read_events("c-ttl")]
+    assert [e["type"] for e in events] == ["tool_results.elided", "compaction.skipped"]
+    client = redis.Redis.from_url(redis_url)
+    limit = svc._evaluation_dedup_ttl_s()
+    assert limit < svc.settings.redis.stream_ttl_s
+    for event in events:
+        assert 0 < client.ttl(published(event["event_id"])) <= limit
+    # A second delivery of the same evaluation finds nothing to do and publishes nothing.
+    assert svc.evaluate("c-ttl") == "superseded"
+    assert len(svc.state.read_events("c-ttl")) == 2
