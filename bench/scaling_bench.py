@@ -155,28 +155,30 @@ def run_evaluations(
 ) -> float:
     """Evaluations per second: new conversations (``grown_by`` = 0), or conversations each
     evaluated before (by the same processes: their caches are warm) and now ``grown_by``
-    messages longer (an agent's next turn)."""
+    messages longer (an agent's next turn). Either way the workers have evaluated something
+    before the timing starts, so a process's one-time start (imports, loading the tokenizer)
+    is not in it; they stay up, paused, while the queue is filled."""
     client = Client(settings)
     r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
     queue = "compactor.evaluate"
-    procs: list[Any] = []
-    if grown_by:  # warm-up: the workers stay up, paused, while the queue is refilled
-        procs = start_workers(workers, "worker", queue, env, logs)
-        wait_ready(settings, workers)
-        for i in range(count):
-            client.submit(json.dumps(snapshot(f"{tag}-{i}", size - grown_by, revision=0)).encode())
-        _wait_handled(r, tag, count, 0)
-        for p in procs:
-            p.send_signal(signal.SIGSTOP)
+    procs = start_workers(workers, "worker", queue, env, logs)
+    wait_ready(settings, workers)
+    warm = [(f"warm-{tag}-{i}", 0) for i in range(4 * workers)]
+    if grown_by:
+        warm += [(f"{tag}-{i}", size - grown_by) for i in range(count)]
+    for conv, messages in warm:
+        client.submit(json.dumps(snapshot(conv, messages or size, revision=0)).encode())
+    while not all(v is not None for v in r.mget([f"cw:handled:{conv}" for conv, _ in warm])):
+        time.sleep(0.005)
+    for p in procs:
+        p.send_signal(signal.SIGSTOP)
     for i in range(count):
         client.submit(json.dumps(snapshot(f"{tag}-{i}", size, revision=1)).encode())
 
     def start() -> list[Any]:
-        if procs:
-            for p in procs:
-                p.send_signal(signal.SIGCONT)
-            return procs
-        return start_workers(workers, "worker", queue, env, logs)
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
+        return procs
 
     rate = _drain_rate(r, queue, count, start, lambda: _all_handled(r, tag, count, 1))
     client.close()
@@ -187,11 +189,6 @@ def run_evaluations(
 def _all_handled(r: Any, tag: str, count: int, revision: int) -> bool:
     values = r.mget([f"cw:handled:{tag}-{i}" for i in range(count)])
     return all(v is not None and int(v) >= revision for v in values)
-
-
-def _wait_handled(r: Any, tag: str, count: int, revision: int) -> None:
-    while not _all_handled(r, tag, count, revision):
-        time.sleep(0.005)
 
 
 def run_noop(
