@@ -307,6 +307,16 @@ def test_plain_json_is_exactly_json_without_numbers_or_booleans(value: Any) -> N
     assert is_plain_json(value) == (not has_number_or_boolean(value))
 
 
+@settings(max_examples=500)
+@given(json_values)
+def test_canonical_json_is_byte_for_byte_json_dumps(value: Any) -> None:
+    """Derived ids hash canonical JSON through a reused C encoder: it must be json.dumps'."""
+    from worker.models import canonical_json
+
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(value) == expected
+
+
 @settings(max_examples=300)
 @given(json_values, json_values)
 def test_equal_plain_json_has_the_same_canonical_form(a: Any, b: Any) -> None:
