@@ -24,7 +24,8 @@ from worker.memo import (
     worth_rewriting,
 )
 from worker.pipeline import StoredBlob, evaluate, evaluate_with_memo, tokenizer_of
-from worker.snapshots import ParsedSnapshot, RecentSnapshots, parse_snapshot
+from worker.recent import RecentConversations
+from worker.snapshots import ParsedSnapshot, parse_snapshot
 from worker.tokens import TiktokenTokenizer
 
 DEFAULT = Settings()
@@ -421,7 +422,7 @@ def test_a_grown_snapshot_still_gets_every_check() -> None:
 
 
 def test_recent_snapshots_are_bounded_by_payload_bytes() -> None:
-    recent = RecentSnapshots(max_bytes=250)
+    recent = RecentConversations(max_bytes=250)
     parsed = {
         cid: parse_snapshot({**conversation(1), "conversation_id": cid}, DEFAULT)
         for cid in ("a", "b", "c")
@@ -434,11 +435,13 @@ def test_recent_snapshots_are_bounded_by_payload_bytes() -> None:
     assert recent.get("a") is parsed["a"] and recent.get("c") is parsed["c"]
     recent.put(parsed["b"], 1000)  # bigger than the whole bound: not kept
     assert recent.get("b") is None
-    recent.remember_memo("a", StoredMemo(digest=b"d", messages=1, evictions=0))
-    recent.remember_memo(
-        "b", StoredMemo(digest=b"d", messages=1, evictions=0)
-    )  # not kept: no memo either
-    assert recent.stored_memo("a") is not None and recent.stored_memo("b") is None
+    memo = StoredMemo(digest="d", messages=1, evictions=0)
+    recent.remember_memo("a", memo)
+    recent.remember_memo("b", memo)  # not kept: no memo either
+    assert recent.stored_memo("a") == memo and recent.stored_memo("b") is None
+    # The conversation's next parse keeps what its evaluation will reuse.
+    recent.put(parse_snapshot({**conversation(2), "conversation_id": "a"}, DEFAULT), 100)
+    assert recent.stored_memo("a") == memo
 
 
 # --- reusing the last counted projection ---------------------------------------------------------

@@ -49,3 +49,29 @@ def test_an_evaluation_remembers_its_event_ids_only_as_long_as_a_redelivery_can_
     # A second delivery of the same evaluation finds nothing to do and publishes nothing.
     assert svc.evaluate("c-ttl") == "superseded"
     assert len(svc.state.read_events("c-ttl")) == 2
+
+
+def test_a_service_evaluates_a_grown_conversation_only_for_its_new_messages(
+    redis_url: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Through the whole evaluate step (Redis, parse, memo, projection): the second snapshot
+    of a conversation counts only what differs from the first in the process that saw it (a
+    new exchange, and the closing message that moved: its id, ``end21``, is new)."""
+    import worker.projection as projection
+
+    svc = service(redis_url, tmp_path)
+    svc.state.store_snapshot(
+        "c-grow", 1, json.dumps(conversation("c-grow", 20, window=1_000_000)).encode()
+    )
+    assert svc.evaluate("c-grow") == "skipped"
+    counted: list[int] = []
+    real = projection.count_message_tokens
+    monkeypatch.setattr(
+        projection,
+        "count_message_tokens",
+        lambda m, t: counted.append(m.source_index) or real(m, t),
+    )
+    grown = conversation("c-grow", 21, revision=2, window=1_000_000)
+    svc.state.store_snapshot("c-grow", 2, json.dumps(grown).encode())
+    assert svc.evaluate("c-grow") == "skipped"
+    assert counted == [42, 43, 44]

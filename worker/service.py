@@ -40,8 +40,9 @@ from worker.pipeline import (
     skipped_event,
     tokenizer_of,
 )
+from worker.recent import RecentConversations
 from worker.redis_state import RedisState, Work
-from worker.snapshots import ParsedSnapshot, RecentSnapshots, parse_snapshot
+from worker.snapshots import ParsedSnapshot, parse_snapshot
 from worker.summarize import Summarizer
 from worker.transcripts import TranscriptStore
 
@@ -72,10 +73,10 @@ class Service:
     enqueue_summarize: Callable[[str, int, float], None]  # (conversation, revision, delay_s)
     enqueue_evaluate: Callable[[str], None]
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
-    recent: RecentSnapshots = field(init=False)
+    recent: RecentConversations = field(init=False)
 
     def __post_init__(self) -> None:
-        self.recent = RecentSnapshots(int(self.settings.worker.conversation_cache_mb * 2**20))
+        self.recent = RecentConversations(int(self.settings.worker.conversation_cache_mb * 2**20))
 
     # --- evaluate ----------------------------------------------------------------------------
 

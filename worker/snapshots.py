@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +18,7 @@ from pydantic import ValidationError
 from worker import formats
 from worker.config import Settings
 from worker.errors import ConfigError, InvalidSnapshot
-from worker.memo import StoredMemo
 from worker.models import Message, Snapshot
-from worker.projection import CountedProjection
 
 # Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
 OPERATOR_ONLY = frozenset(
@@ -49,70 +45,6 @@ class ParsedSnapshot:
     @property
     def revision(self) -> int:
         return self.snapshot.revision
-
-
-class RecentSnapshots:
-    """The last parsed snapshot of recently evaluated conversations, bounded by the summed size
-    of their payloads: what lets a grown conversation's next parse reuse the messages it shares
-    with the last one. Thread-safe."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._entries: OrderedDict[str, tuple[ParsedSnapshot, int]] = OrderedDict()
-        self._memos: dict[str, StoredMemo] = {}  # for conversations in _entries only
-        self._counted: dict[str, CountedProjection] = {}  # likewise
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, conversation_id: str) -> ParsedSnapshot | None:
-        with self._lock:
-            entry = self._entries.get(conversation_id)
-            if entry is None:
-                return None
-            self._entries.move_to_end(conversation_id)
-            return entry[0]
-
-    def put(self, parsed: ParsedSnapshot, size_bytes: int) -> None:
-        with self._lock:
-            conversation_id = parsed.conversation_id
-            old = self._entries.pop(conversation_id, None)
-            if old is not None:
-                self._bytes -= old[1]
-            if size_bytes > self._max_bytes:
-                self._forget(conversation_id)
-                return
-            self._entries[conversation_id] = (parsed, size_bytes)
-            self._bytes += size_bytes
-            while self._bytes > self._max_bytes:
-                dropped_id, (_, dropped) = self._entries.popitem(last=False)
-                self._forget(dropped_id)
-                self._bytes -= dropped
-
-    def _forget(self, conversation_id: str) -> None:
-        self._memos.pop(conversation_id, None)
-        self._counted.pop(conversation_id, None)
-
-    def counted(self, conversation_id: str) -> CountedProjection | None:
-        """The conversation's last counted projection in this process."""
-        return self._counted.get(conversation_id)
-
-    def remember_counted(self, conversation_id: str, counted: CountedProjection | None) -> None:
-        with self._lock:
-            if counted is not None and conversation_id in self._entries:
-                self._counted[conversation_id] = counted
-            else:
-                self._counted.pop(conversation_id, None)
-
-    def stored_memo(self, conversation_id: str) -> StoredMemo | None:
-        """What this process knows of the conversation's memo in Redis."""
-        return self._memos.get(conversation_id)
-
-    def remember_memo(self, conversation_id: str, stored: StoredMemo | None) -> None:
-        with self._lock:
-            if stored is not None and conversation_id in self._entries:
-                self._memos[conversation_id] = stored
-            else:
-                self._memos.pop(conversation_id, None)
 
 
 def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
