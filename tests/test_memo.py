@@ -527,3 +527,111 @@ def test_a_memo_written_by_a_process_that_reuses_is_still_complete(
     last = parse_snapshot(grep_conversation(n, revision=n), DEFAULT)
     _, other = evaluate_with_memo(last, tokenizer_of(last), stored_blob(blob))
     assert other.results_compressed == (2 * n + 1 - stored.messages) // 2
+
+
+# --- from the review: keys, bounds, versions, memo lifecycle ----------------------------------
+
+
+def test_content_keys_of_different_parts_never_collide() -> None:
+    """A separator byte would let ("grep", "HEADER\\0" + body) and ("grep\\0HEADER", body)
+    share a key, and one conversation's compressed body answer for another's."""
+    from worker.cache import content_key
+
+    assert content_key("grep", "HEADER\0body") != content_key("grep\0HEADER", "body")
+    assert content_key("ab", "c") != content_key("a", "bc")
+    assert content_key("a") == content_key("a")
+
+
+def test_a_tool_name_with_a_nul_does_not_borrow_another_results_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fresh_caches(monkeypatch)
+    body = "\n".join(f"src/pkg/module_{i}.py" for i in range(80))
+    first = {
+        "conversation_id": "c-nul-a",
+        "revision": 1,
+        "messages": [
+            {"role": "assistant", "tool_calls": [_call("x", "bash")]},
+            {"role": "tool", "tool_call_id": "x", "content": "HEADER\0" + body},
+        ],
+    }
+    second = {
+        "conversation_id": "c-nul-b",
+        "revision": 1,
+        "messages": [
+            {"role": "assistant", "tool_calls": [_call("y", "bash\0HEADER")]},
+            {"role": "tool", "tool_call_id": "y", "content": body},
+        ],
+    }
+    for snap in (first, second):
+        parsed = parse_snapshot(snap, DEFAULT)
+        warm = evaluate(parsed, tokenizer_of(parsed))
+        fresh_caches(monkeypatch)
+        cold = evaluate(parsed, tokenizer_of(parsed))
+        assert warm.projection.messages == cold.projection.messages
+
+
+def _call(call_id: str, name: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+def test_front_caches_are_bounded_by_entries_and_count_empty_texts() -> None:
+    from worker.cache import FRONT_ENTRY_OVERHEAD, FrontCache
+
+    front: FrontCache[str, int] = FrontCache(
+        ContentCache(100, name="c"), max_size=10**9, max_entries=3, size_of=len, key_of=str
+    )
+    for text in ["", "a", "b", "c", "d"]:
+        front.get_or_compute(text, lambda: 0)
+    assert len(front) == 3
+    small: FrontCache[str, int] = FrontCache(
+        ContentCache(100, name="c"),
+        max_size=2 * FRONT_ENTRY_OVERHEAD + 2,
+        max_entries=100,
+        size_of=len,
+        key_of=str,
+    )
+    for i in range(5):
+        small.get_or_compute("" if i == 0 else str(i), lambda: 0)
+    assert len(small) == 2  # empty texts are not free
+
+
+def test_the_compression_cache_is_named_after_the_codecs() -> None:
+    """Memos from workers running other codecs (a rolling deploy) are not preloaded here."""
+    import worker.projection as projection
+
+    assert projection.COMPRESSED_CACHE.startswith("compressed:")
+    assert len(projection.COMPRESSED_CACHE) > len("compressed:")
+    stale = {"compressed:000000000000": {b"k" * 16: "a body from other codecs"}}
+    assert preload(stale, {projection.COMPRESSED_CACHE: projection.compressed_bodies()}) == 0
+
+
+def test_the_memo_is_rewritten_after_the_conversation_shrinks() -> None:
+    stored = StoredMemo(digest="d", messages=80, evictions=0)
+    assert worth_rewriting(79, stored)
+    assert not worth_rewriting(80, stored)
+
+
+def test_a_memo_too_big_to_store_is_not_tried_again_on_every_evaluation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import worker.memo as memo
+
+    fresh_caches(monkeypatch)
+    monkeypatch.setattr(memo, "MAX_MEMO_BYTES", 10)
+    first = parse_snapshot(conversation(10), DEFAULT)
+    one, made = evaluate_with_memo(first, tokenizer_of(first), None)
+    assert made.blob is None and made.stored is not None and made.stored.digest == ""
+    grown = parse_snapshot(conversation(11, revision=2), DEFAULT, earlier=first)
+    encoded: list[int] = []
+    real = memo.encode_memo
+    import worker.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "encode_memo", lambda r, **k: encoded.append(1) or real(r, **k))
+    _, again = evaluate_with_memo(grown, tokenizer_of(grown), None, made.stored, one.counted)
+    assert encoded == [] and again.stored == made.stored
+
+
+@pytest.mark.parametrize("blob", [b"[" * 100_000 + b"]" * 100_000, b"{" + b" " * (5 << 20) + b"}"])
+def test_a_hostile_or_oversized_memo_is_ignored(blob: bytes) -> None:
+    assert decode_memo(blob).entries == {}

@@ -75,3 +75,18 @@ def test_a_service_evaluates_a_grown_conversation_only_for_its_new_messages(
     svc.state.store_snapshot("c-grow", 2, json.dumps(grown).encode())
     assert svc.evaluate("c-grow") == "skipped"
     assert counted == [42, 43, 44]
+
+
+def test_the_elided_event_of_a_revision_waiting_for_its_compaction_is_remembered_long(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Over the threshold the revision stays pending until its compaction is published, and
+    the reconciler may evaluate it again meanwhile: its elided event id must not expire."""
+    svc = service(redis_url, tmp_path, keep_recent_tool_results=1)
+    snap = conversation("c-over", 6, window=2000)
+    svc.state.store_snapshot("c-over", 0, json.dumps(snap).encode())
+    assert svc.evaluate("c-over") == "queued"
+    events = [e for _, e in svc.state.read_events("c-over")]
+    assert [e["type"] for e in events] == ["tool_results.elided"]
+    ttl = redis.Redis.from_url(redis_url).ttl(published(events[0]["event_id"]))
+    assert ttl > svc._evaluation_dedup_ttl_s()

@@ -36,10 +36,13 @@ _recorder: ContextVar[Recording | None] = ContextVar("cache_recorder", default=N
 
 
 def content_key(*parts: str) -> bytes:
+    """A digest of the parts, each length-prefixed: no two different part lists share one (a
+    separator byte would not do: a part may contain it)."""
     h = hashlib.blake2b(digest_size=16)
     for part in parts:
-        h.update(part.encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
+        data = part.encode("utf-8", "surrogatepass")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
     return h.digest()
 
 
@@ -103,6 +106,9 @@ class ContentCache(Generic[V]):
 
 
 H = TypeVar("H", bound=Hashable)
+# What one front entry costs beyond its text (dict slot, tuple, digest), in the same unit as
+# ``size_of`` (characters): an empty text is not free.
+FRONT_ENTRY_OVERHEAD = 160
 
 
 class FrontCache(Generic[H, V]):
@@ -116,12 +122,14 @@ class FrontCache(Generic[H, V]):
         back: ContentCache[V],
         *,
         max_size: int,
+        max_entries: int,
         size_of: Callable[[H], int],
         key_of: Callable[[H], Key],
     ) -> None:
         self.back = back
         self._front: dict[H, tuple[V, Key]] = {}
         self._max_size = max_size
+        self._max_entries = max_entries
         self._size = 0
         self._size_of = size_of
         self._key_of = key_of
@@ -141,7 +149,7 @@ class FrontCache(Generic[H, V]):
         return value
 
     def _remember(self, item: H, value: V, key: Key) -> None:
-        size = self._size_of(item)
+        size = self._entry_size(item)
         if size > self._max_size:
             return
         with self._lock:
@@ -149,7 +157,14 @@ class FrontCache(Generic[H, V]):
                 return
             self._front[item] = (value, key)
             self._size += size
-            while self._size > self._max_size:  # oldest first: dicts keep insertion order
+            # Oldest first: dicts keep insertion order.
+            while self._size > self._max_size or len(self._front) > self._max_entries:
                 oldest = next(iter(self._front))
                 del self._front[oldest]
-                self._size -= self._size_of(oldest)
+                self._size -= self._entry_size(oldest)
+
+    def _entry_size(self, item: H) -> int:
+        return self._size_of(item) + FRONT_ENTRY_OVERHEAD
+
+    def __len__(self) -> int:
+        return len(self._front)

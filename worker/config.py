@@ -174,9 +174,10 @@ class WorkerConfig(_Strict):
     reconcile_interval_s: float = Field(default=60.0, gt=0)
     reconcile_after_s: float = Field(default=120.0, gt=0)  # pending this long -> re-queued
     log_format: Literal["json", "text"] = "json"
-    # Per process: the last parsed snapshot of recent conversations (by payload size), so a
-    # grown conversation's next snapshot reuses the messages it shares with the last one.
-    conversation_cache_mb: float = Field(default=64.0, ge=0)
+    # Per process: the last parsed snapshot of recent conversations, so a grown conversation's
+    # next snapshot reuses the messages it shares with the last one. Counted by payload size;
+    # the parsed objects and counted projections take about 4-7 times that in memory.
+    conversation_cache_mb: float = Field(default=32.0, ge=0)
 
 
 class Settings(_Strict):

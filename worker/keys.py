@@ -21,10 +21,12 @@ ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys can
 | ``cw:pending`` | zset conv -> submit time | submit, publish | member removed when handled |
 | ``cw:metrics`` | hash of counters | everyone | none (counters) |
 
-An evaluation's own events (``compaction.skipped``, ``tool_results.elided``) keep their
-``cw:published`` flag only as long as a redelivery of that evaluation can come (two visibility
-timeouts plus the reconciler's delay and the evaluate time limit), not ``stream_ttl_s``: at a
-million evaluations a day, a week of flags would be seven million keys.
+The events of an evaluation that ends in ``compaction.skipped`` (that one, and its
+``tool_results.elided``) keep their ``cw:published`` flag only as long as a redelivery of that
+evaluation can come (two visibility timeouts plus the reconciler's delay and the evaluate time
+limit), not ``stream_ttl_s``: at a million evaluations a day, a week of flags would be seven
+million keys. Over the threshold the revision stays pending until its compaction, so its
+elided event keeps ``stream_ttl_s``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 
 from worker.cache import ContentCache, Key, Recorded
 
-MEMO_VERSION = 2
+MEMO_VERSION = 3
 # A memo is worth storing only while it is small beside the snapshot it speeds up; beyond this,
 # compressed bodies are left out (they are recomputed) and then the memo as a whole.
 MAX_MEMO_BYTES = 4 << 20
@@ -55,7 +55,13 @@ def memo_digest(blob: bytes) -> str:
 
 
 def worth_rewriting(messages: int, stored: StoredMemo | None) -> bool:
-    return stored is None or messages > stored.messages * (1 + REWRITE_GROWTH)
+    """Once the conversation has grown by REWRITE_GROWTH since the memo was written, or has
+    shrunk (compacted, or its history rewritten: the memo's entries are mostly of messages gone)."""
+    return (
+        stored is None
+        or messages > stored.messages * (1 + REWRITE_GROWTH)
+        or messages < stored.messages
+    )
 
 
 def encode_memo(recorded: Recorded, *, messages: int) -> bytes | None:
@@ -74,7 +80,7 @@ def encode_memo(recorded: Recorded, *, messages: int) -> bytes | None:
 def decode_memo(blob: bytes | None) -> Memo:
     """A stored memo; empty when there is none or it cannot be trusted."""
     empty = Memo(entries={}, messages=0)
-    if not blob:
+    if not blob or len(blob) > MAX_MEMO_BYTES:
         return empty
     try:
         doc = json.loads(blob)
@@ -85,7 +91,7 @@ def decode_memo(blob: bytes | None) -> Memo:
             for name, pairs in doc["caches"].items()
         }
         return Memo(entries=entries, messages=doc["messages"])
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return empty
 
 

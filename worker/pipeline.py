@@ -171,11 +171,14 @@ def evaluate_with_memo(
         ),
         "results_compressed": recorded.computed[COMPRESSED_CACHE],
     }
-    used = {name: recorded.used[name] for name in caches if name in recorded.used}
-    blob = encode_memo(used, messages=size) if rewrite else None
-    if blob is None:
+    if not rewrite:
         return evaluation, MemoUpdate(blob=None, stored=stored, **computed)
-    made = StoredMemo(digest=memo_digest(blob), messages=size, evictions=evictions)
+    used = {name: recorded.used[name] for name in caches if name in recorded.used}
+    blob = encode_memo(used, messages=size)
+    # Too big to store: remembered as "none, on purpose" (digest ""), so that the evaluations
+    # after this one do not each try again until the conversation has grown.
+    digest = memo_digest(blob) if blob is not None else ""
+    made = StoredMemo(digest=digest, messages=size, evictions=evictions)
     return evaluation, MemoUpdate(blob=blob, stored=made, **computed)
 
 
@@ -195,7 +198,9 @@ def _load_memo(
     evictions: int,
 ) -> StoredMemo | None:
     if memo is None:
-        return None
+        # None stored: the conversation is new, its memo expired, or this process found it too
+        # big to store and remembers that.
+        return known if known is not None and not known.digest else None
     if known is not None and known.digest == memo.digest:
         if known.evictions != evictions:
             # Some of its entries may have left this process's caches since; those are

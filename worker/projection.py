@@ -9,8 +9,10 @@ request they send, so what the worker measures is what the model receives.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -84,7 +86,19 @@ def project(messages: list[Message], policy: ProjectionPolicy) -> Projection:
 
 # Compression is deterministic, so each distinct result is compressed once per process (and
 # the outcome travels with the conversation's memo). None: the result stays as it is.
-COMPRESSED_CACHE = "compressed"
+def _codecs_fingerprint() -> str:
+    """Of the codecs' own source: a memo written by workers running other codecs (a rolling
+    deploy) holds bodies this version would not make, so it must not be taken."""
+    import worker.compress as codecs
+
+    digest = hashlib.blake2b(digest_size=6)
+    for path in sorted(Path(codecs.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+COMPRESSED_CACHE = f"compressed:{_codecs_fingerprint()}"
 # (tool, result, model, gate) -> the compressed body, in front of the digest-keyed cache.
 CompressionInput = tuple[str, str, str, str]
 
@@ -93,7 +107,8 @@ def new_compression_cache() -> FrontCache[CompressionInput, str | None]:
     return FrontCache(
         ContentCache(50_000, name=COMPRESSED_CACHE),
         max_size=32 * 2**20,
-        size_of=lambda item: len(item[1]),
+        max_entries=50_000,
+        size_of=lambda item: sum(map(len, item)),
         key_of=lambda item: content_key(*item),
     )
 

@@ -101,7 +101,12 @@ class Service:
         counters.update(memo.counters())
         elided = elided_event(parsed, evaluation, self.now())
         if elided is not None:
-            self.state.publish(elided, dedup_ttl_s=self._evaluation_dedup_ttl_s())
+            # Under the threshold the skipped event settles the revision at once; over it, the
+            # revision stays pending until its compaction and may be evaluated again meanwhile.
+            short = not evaluation.over_threshold
+            self.state.publish(
+                elided, dedup_ttl_s=self._evaluation_dedup_ttl_s() if short else None
+            )
         if not evaluation.over_threshold:
             counters["compactions_skipped_total"] = 1.0
             self.state.publish(
@@ -118,11 +123,12 @@ class Service:
         return self._hand_to_summarize(conversation_id, parsed.revision)
 
     def _evaluation_dedup_ttl_s(self) -> int:
-        """How long an evaluation's event ids are kept against a second publish: only a
-        redelivered evaluate task (after the visibility timeout) or the reconciler (after
-        ``reconcile_after_s``) can evaluate the same revision again, and once its outcome is
-        published the handled revision stops them. Keeping the ids for ``stream_ttl_s`` (a
-        week) would hold a key per evaluation for a week."""
+        """How long the event ids of an evaluation that ends in ``compaction.skipped`` are kept
+        against a second publish: only a redelivered evaluate task (after the visibility
+        timeout) or the reconciler (after ``reconcile_after_s``) can evaluate the same revision
+        again, and once the skipped event is published the handled revision stops them.
+        Keeping the ids for ``stream_ttl_s`` (a week) would hold a key per evaluation for a
+        week."""
         redis, worker = self.settings.redis, self.settings.worker
         return int(
             2 * redis.visibility_timeout_s

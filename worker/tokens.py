@@ -158,7 +158,11 @@ class TiktokenTokenizer:
         self._encoding = get_encoding(self.name)
         self._cache: ContentCache[int] = ContentCache(cache_size, name=f"tokens:{self.name}")
         self._front: FrontCache[str, int] = FrontCache(
-            self._cache, max_size=front_chars, size_of=len, key_of=_text_key
+            self._cache,
+            max_size=front_chars,
+            max_entries=cache_size,
+            size_of=len,
+            key_of=_text_key,
         )
 
     @property
