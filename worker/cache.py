@@ -140,7 +140,7 @@ class FrontCache(Generic[H, V]):
         if hit is not None:
             value, key = hit
             recorded = _recorder.get()
-            if recorded is not None:
+            if recorded is not None and self.back.name:
                 recorded.used.setdefault(self.back.name, {})[key] = value
             return value
         key = self._key_of(item)

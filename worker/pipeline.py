@@ -74,12 +74,18 @@ MUST_KEEP_LIMIT = 60
 
 @dataclass(frozen=True)
 class Evaluation:
-    projection: Projection
-    projected_tokens: int
+    counted: CountedProjection
     threshold: int | None
     context_window: int | None
     trigger_kind: str
-    counted: CountedProjection | None = None
+
+    @property
+    def projection(self) -> Projection:
+        return self.counted.projection
+
+    @property
+    def projected_tokens(self) -> int:
+        return self.counted.tokens
 
     @property
     def over_threshold(self) -> bool:
@@ -159,7 +165,7 @@ def evaluate_with_memo(
     When the stored memo has fallen behind, this evaluation writes a new one: it then evaluates
     every message (not reusing ``prior``), so that every entry used is noted."""
     caches = evaluation_caches(tokenizer)
-    evictions = sum(cache.evictions for cache in caches.values())
+    evictions = _evictions(caches)
     stored = _load_memo(memo, known, caches, evictions)
     size = len(parsed.snapshot.messages)
     rewrite = worth_rewriting(size, stored)
@@ -211,8 +217,12 @@ def _load_memo(
         return None  # the store held back bytes we do not have: evaluate without them
     loaded = decode_memo(memo.blob)
     preload(loaded.entries, caches)
-    after = sum(cache.evictions for cache in caches.values())
-    return StoredMemo(digest=memo.digest, messages=loaded.messages, evictions=after)
+    return StoredMemo(digest=memo.digest, messages=loaded.messages, evictions=_evictions(caches))
+
+
+def _evictions(caches: dict[str, ContentCache[Any]]) -> int:
+    """How many entries the caches have dropped so far: a change means some may be gone."""
+    return sum(cache.evictions for cache in caches.values())
 
 
 def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:
@@ -232,12 +242,10 @@ def evaluate(
     window = parsed.snapshot.model.context_window
     counted = project_and_count(parsed.messages, projection_policy(parsed), tokenizer, prior)
     return Evaluation(
-        projection=counted.projection,
-        projected_tokens=counted.tokens,
+        counted=counted,
         threshold=config.auto_compact_threshold(window),
         context_window=window,
         trigger_kind=config.auto_compact_trigger,
-        counted=counted,
     )
 
 

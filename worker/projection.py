@@ -84,8 +84,6 @@ def project(messages: list[Message], policy: ProjectionPolicy) -> Projection:
     return Projection(messages=projected, bodies=by_call, elided=elided)
 
 
-# Compression is deterministic, so each distinct result is compressed once per process (and
-# the outcome travels with the conversation's memo). None: the result stays as it is.
 def _codecs_fingerprint() -> str:
     """Of the codecs' own source: a memo written by workers running other codecs (a rolling
     deploy) holds bodies this version would not make, so it must not be taken."""
@@ -98,6 +96,8 @@ def _codecs_fingerprint() -> str:
     return digest.hexdigest()
 
 
+# Compression is deterministic, so each distinct result is compressed once per process (and
+# the outcome travels with the conversation's memo). None: the result stays as it is.
 COMPRESSED_CACHE = f"compressed:{_codecs_fingerprint()}"
 # (tool, result, model, gate) -> the compressed body, in front of the digest-keyed cache.
 CompressionInput = tuple[str, str, str, str]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,7 +36,7 @@ class ParsedSnapshot:
     messages: list[Message]
     source_ids: list[str]
     settings: Settings
-    plain: list[bool | None] = field(default_factory=list)  # per wire message (identify)
+    plain: list[bool | None]  # per wire message (formats.identify)
 
     @property
     def conversation_id(self) -> str:
@@ -116,11 +116,9 @@ def _prior(earlier: ParsedSnapshot | None, snapshot: Snapshot) -> formats.Prior 
         or earlier.conversation_id != snapshot.conversation_id
         or earlier.snapshot.format != snapshot.format
         or earlier.snapshot.system != snapshot.system
-        or len(earlier.plain) != len(earlier.source_ids)
     ):
         return None
     return formats.Prior(
-        raw=earlier.snapshot.messages,
         ids=earlier.source_ids,
         plain=earlier.plain,
         messages=earlier.messages,

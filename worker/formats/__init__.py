@@ -29,9 +29,8 @@ class Prior:
     """An earlier parse of the same conversation, with the same format and system prompt, whose
     first ``equal`` wire messages equal (``==``) these: what may be reused from it."""
 
-    raw: list[dict[str, Any]]
     ids: list[str]
-    plain: list[bool | None]  # per wire message: no number or boolean in it (None: not known)
+    plain: list[bool | None]  # per wire message: no number or boolean (None: has its own id)
     messages: list[Message]
     equal: int
 
@@ -58,7 +57,8 @@ def identify(
 
     A derived id hashes the message's JSON, where 1, 1.0 and true differ though Python's ``==``
     holds them equal; so only a plain message equal to the prior one reuses its derived id.
-    Plainness is found out along with the hash (a walk costs a sixth of hashing)."""
+    Plainness is found out along with the hash (a walk costs a sixth of hashing) and carried
+    along with the ids."""
     ids: list[str] = []
     plain: list[bool | None] = []
     seen: set[str] = set()
@@ -74,9 +74,8 @@ def identify(
         if own is not None:
             mid = own
         elif prior is not None and index < prior.equal:
+            # Equal to a message without an id, whose plainness the prior parse found out.
             is_plain = prior.plain[index]
-            if is_plain is None:
-                is_plain = is_plain_json(raw)
             mid = prior.ids[index] if is_plain else derived_message_id(index, raw)
         else:
             mid, is_plain = derived_message_id(index, raw), is_plain_json(raw)
