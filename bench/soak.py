@@ -27,6 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from worker.cli_service import celery_command  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.config import load_settings, with_redis_url  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
@@ -115,56 +116,30 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str) -> None:
-        queues, pool, conc = {
-            "evaluate": ("compactor.evaluate,compactor.maintenance", "prefork", "2"),
-            "summarize1": ("compactor.summarize", "threads", "16"),
-            "summarize2": ("compactor.summarize", "threads", "16"),
+        queues, pool, concurrency = {
+            "evaluate": ("compactor.evaluate,compactor.maintenance", "prefork", 2),
+            "summarize1": ("compactor.summarize", "threads", 16),
+            "summarize2": ("compactor.summarize", "threads", 16),
         }[name]
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker",
-            "worker",
-            "-Q",
-            queues,
-            "--pool",
-            pool,
-            "-c",
-            conc,
-            "-n",
-            f"{name}@%h",
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel",
-            "WARNING",
-        ]
-        with (self.logs / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen(
-                cmd,
-                env=self.env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self._spawn(
+            name,
+            celery_command(
+                "worker",
+                None,
+                queues=queues,
+                pool=pool,
+                concurrency=concurrency,
+                name=f"{name}@%h",
+                loglevel="WARNING",
+            ),
+        )
 
     def start_beat(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker",
-            "beat",
-            "--schedule",
-            str(self.logs / "beat-schedule"),
-            "--loglevel",
-            "WARNING",
-        ]
-        with (self.logs / "beat.log").open("ab") as out:
-            self.procs["beat"] = subprocess.Popen(
+        self._spawn("beat", celery_command("beat", None, workdir=self.logs, loglevel="WARNING"))
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        with (self.logs / f"{name}.log").open("ab") as out:
+            self.procs[name] = subprocess.Popen(
                 cmd,
                 env=self.env,
                 cwd=ROOT,

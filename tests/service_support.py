@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 import redis
 
 from worker.celery_app import make_app
+from worker.cli_service import celery_command
 from worker.client import Client
 from worker.config import load_settings, with_redis_url
 from worker.embedded import EmbeddedRedis
@@ -83,6 +83,8 @@ class Workers:
         )
         return env
 
+    loglevel = "INFO"
+
     def start(
         self,
         name: str,
@@ -91,26 +93,27 @@ class Workers:
         pool: str = "threads",
         concurrency: int = 4,
     ) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
+        self.spawn(name, queues=queues, pool=pool, concurrency=concurrency)
+        self.wait_ready([name])
+
+    def spawn(
+        self,
+        name: str,
+        *,
+        queues: str = "compactor.evaluate,compactor.summarize,compactor.maintenance",
+        pool: str = "threads",
+        concurrency: int = 4,
+    ) -> None:
+        """Start a worker process (in its own session) without waiting for it."""
+        cmd = celery_command(
             "worker",
-            "worker",
-            "-Q",
-            queues,
-            "--pool",
-            pool,
-            "--concurrency",
-            str(concurrency),
-            "-n",
-            f"{name}@%h",
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel",
-            "INFO",
-        ]
+            None,
+            queues=queues,
+            pool=pool,
+            concurrency=concurrency,
+            name=f"{name}@%h",
+            loglevel=self.loglevel,
+        )
         with (self.logs / f"{name}.log").open("ab") as out:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(
                 cmd,
@@ -119,8 +122,12 @@ class Workers:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                **self.popen_options(),
             )
-        self.wait_ready([name])
+
+    def popen_options(self) -> dict[str, Any]:
+        """Extra ``subprocess.Popen`` arguments for the worker processes."""
+        return {}
 
     def wait_ready(self, names: list[str], timeout_s: float = 60.0) -> None:
         app = make_app(with_redis_url(load_settings(self.config, environ={}), self.url))

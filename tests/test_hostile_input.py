@@ -506,28 +506,8 @@ class LimitedWorkers(Workers):
     """``Workers`` whose processes run under RLIMIT_AS, so a case that makes the worker
     allocate without bound fails in the worker instead of starving the machine."""
 
-    def start(
-        self,
-        name: str,
-        *,
-        queues: str = "compactor.evaluate,compactor.summarize,compactor.maintenance",
-        pool: str = "threads",
-        concurrency: int = 4,
-    ) -> None:
-        cmd = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-Q", queues,
-               "--pool", pool, "--concurrency", str(concurrency), "-n", f"{name}@%h",
-               "--without-mingle", "--without-gossip", "--loglevel", "INFO"]  # fmt: skip
-        with (self.logs / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen(
-                cmd,
-                env=self.env(),
-                cwd=REPO_ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_limit_worker_memory,
-            )
-        self.wait_ready([name])
+    def popen_options(self) -> dict[str, Any]:
+        return {"preexec_fn": _limit_worker_memory}
 
 
 def _limit_worker_memory() -> None:

@@ -46,7 +46,7 @@ PASSWORD = f"pw-{uuid.uuid4().hex}"
 
 
 class TestWorkers(Workers):
-    """``Workers`` with extra environment variables and a chosen log level, started together."""
+    """``Workers`` with extra environment variables and a chosen log level."""
 
     __test__ = False
 
@@ -64,41 +64,6 @@ class TestWorkers(Workers):
 
     def env(self) -> dict[str, str]:
         return super().env() | self.extra_env
-
-    def spawn(self, name: str) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker",
-            "worker",
-            "-Q",
-            "compactor.evaluate,compactor.summarize,compactor.maintenance",
-            "--pool",
-            "threads",
-            "--concurrency",
-            "4",
-            "-n",
-            f"{name}@%h",
-            "--without-mingle",
-            "--without-gossip",
-            "--loglevel",
-            self.loglevel,
-        ]
-        with (self.logs / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen(
-                cmd,
-                env=self.env(),
-                cwd=REPO_ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def start(self, name: str, **_: Any) -> None:
-        self.spawn(name)
-        self.wait_ready([name])
 
 
 def _config(path: Path, transcripts: Path, *, llm_url: str | None = None) -> Path:

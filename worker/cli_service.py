@@ -73,8 +73,9 @@ def celery_command(
     concurrency: int | None = None,
     name: str | None = None,
     workdir: Path | None = None,
+    loglevel: str = "INFO",
 ) -> list[str]:
-    cmd = [sys.executable, "-m", "celery", "-A", "worker", role, "--loglevel", "INFO"]
+    cmd = [sys.executable, "-m", "celery", "-A", "worker", role, "--loglevel", loglevel]
     if role == "worker":
         cmd += ["-Q", queues or "compactor.evaluate,compactor.summarize,compactor.maintenance"]
         cmd += ["--pool", pool or "prefork"]
