@@ -85,15 +85,9 @@ class Workers:
 
     loglevel = "INFO"
 
-    def start(
-        self,
-        name: str,
-        *,
-        queues: str = "compactor.evaluate,compactor.summarize,compactor.maintenance",
-        pool: str = "threads",
-        concurrency: int = 4,
-    ) -> None:
-        self.spawn(name, queues=queues, pool=pool, concurrency=concurrency)
+    def start(self, name: str, **how: Any) -> None:
+        """:meth:`spawn`, then wait until the worker answers."""
+        self.spawn(name, **how)
         self.wait_ready([name])
 
     def spawn(

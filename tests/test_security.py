@@ -518,23 +518,12 @@ def test_redis_password_and_acl_user(tmp_path: Path) -> None:
         worker_url = f"redis://compactor:{acl_password}@127.0.0.1:{port}/0"
         config = _config(tmp_path / "c.toml", tmp_path / "transcripts")
         workers = TestWorkers(worker_url, config, logs, extra_env={})
-        try:
-            workers.spawn("acl")
-            # meanwhile (the client retries for seconds): a wrong password fails cleanly
-            wrong_url = f"redis://:wrong-{PASSWORD[3:9]}@127.0.0.1:{port}/0"
-            refused = _in_background(_submit_error, config, wrong_url)
-            workers.wait_ready(["acl"])
-            client = Client(with_redis_url(load_settings(config, environ={}), url))
-            try:
-                client.submit(_snapshot("sec-password"))
-                event = wait_for_outcome(client, "sec-password", timeout_s=30)[-1]
-            finally:
-                client.close()
-            assert event.type == "compaction.completed"
-            log = workers.log("acl")
-        finally:
-            workers.stop_all()
-        error = refused.result(timeout=60)
+        # a wrong password fails cleanly
+        wrong_url = f"redis://:wrong-{PASSWORD[3:9]}@127.0.0.1:{port}/0"
+        event, error, log = _compact_while_one_is_refused(
+            workers, config, url, wrong_url, "sec-password"
+        )
+        assert event.type == "compaction.completed"
     assert isinstance(error, CompactorError), error
     assert PASSWORD not in str(error) and "wrong-" not in str(error)
     assert acl_password not in log and PASSWORD not in log
@@ -551,6 +540,28 @@ def test_redis_password_and_acl_user(tmp_path: Path) -> None:
     ).stdout
     assert acl_password not in shown
     assert json.loads(shown)["redis"]["url"] == f"redis://compactor:***@127.0.0.1:{port}/0"
+
+
+def _compact_while_one_is_refused(
+    workers: Workers, config: Path, url: str, refused_url: str, conversation_id: str
+) -> tuple[Any, BaseException | None, str]:
+    """Start a worker; meanwhile (the client retries for seconds) submit through
+    ``refused_url``; then compact one conversation through ``url``. Returns the outcome event,
+    the refused submission's error and the worker's log."""
+    try:
+        workers.spawn("w")
+        refused = _in_background(_submit_error, config, refused_url)
+        workers.wait_ready(["w"])
+        client = Client(with_redis_url(load_settings(config, environ={}), url))
+        try:
+            client.submit(_snapshot(conversation_id))
+            event = wait_for_outcome(client, conversation_id, timeout_s=30)[-1]
+        finally:
+            client.close()
+        log = workers.log("w")
+    finally:
+        workers.stop_all()
+    return event, refused.result(timeout=60), log
 
 
 # --- TLS -----------------------------------------------------------------------------------------
@@ -692,20 +703,9 @@ def test_compaction_over_tls(tls_redis: tuple[int, Path], tmp_path: Path) -> Non
     logs.mkdir()
     config = _config(tmp_path / "c.toml", tmp_path / "transcripts")
     workers = TestWorkers(url, config, logs, extra_env={})
-    try:
-        workers.spawn("tls")
-        # meanwhile (the client retries for seconds): without our CA the certificate is refused
-        refused = _in_background(_submit_error, config, f"rediss://127.0.0.1:{port}/0")
-        workers.wait_ready(["tls"])
-        client = Client(with_redis_url(load_settings(config, environ={}), url))
-        try:
-            client.submit(_snapshot("sec-tls"))
-            event = wait_for_outcome(client, "sec-tls", timeout_s=30)[-1]
-        finally:
-            client.close()
-    finally:
-        workers.stop_all()
-    error = refused.result(timeout=60)
+    # without our CA the certificate is refused
+    untrusted = f"rediss://127.0.0.1:{port}/0"
+    event, error, _ = _compact_while_one_is_refused(workers, config, url, untrusted, "sec-tls")
     assert isinstance(error, CompactorError), error
     # (the same server accepts the same client once it trusts our CA: the refusal was the check)
     assert event.type == "compaction.completed"
