@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 
 from worker.compress.limits import ExpansionBudget
-from worker.compress.textform import Encoded, TextForm, sample_lines
+from worker.compress.textform import Encoded, LineStart, TextForm, sample_chars, sample_lines
 
 NAME = "grep-by-file"
 HEADER = '[grep output, file prefix moved to "## FILE" headings]\n'
@@ -26,6 +26,12 @@ _UNPLAIN_ROW = re.compile(r"\n(?:[0-9]+-|--(?![^\n])|## |(?![^\n]))")
 _MATCH_PATH = re.compile(r"(.+?):[0-9]+:")
 _CONTEXT_PATH = re.compile(r"(.+?)-[0-9]+-")
 _LOOKAHEAD_LINES = 64  # how far a context line looks for the match line that names its file
+# Every path _Paths.starting finds is a prefix of its line that does not start with whitespace,
+# holds no tab and one of "./\\", and is followed by ":" or "-" (see _plausible_path and _row).
+# Two such lines in a row are what applies() needs, and most texts (code, logs) have none.
+_PATH_LED = r"(?!\s)[^\t\n./\\]*+[./\\][^\t\n:-]*+[:-]"
+_PATH_LED_LINE = re.compile(_PATH_LED)
+_PATH_LED_PAIR = LineStart(rf"{_PATH_LED}[^\n]*+\n{_PATH_LED}")
 
 
 def decode(payload: str, budget: ExpansionBudget | None = None) -> str:
@@ -252,10 +258,21 @@ def _word_end(row: str) -> int:
 
 def applies(text: str) -> bool:
     """Two neighbouring lines in the first screenful share a path prefix."""
+    return may_apply(text) and _shares_a_path(text)
+
+
+def may_apply(text: str) -> bool:
+    """False when no two neighbouring lines of the first screenful could start with paths, which
+    rules the form out in one C search; applies() is never true where this is false."""
+    return _PATH_LED_PAIR.found_in(text, sample_chars())
+
+
+def _shares_a_path(text: str) -> bool:
     paths = _Paths(sample_lines(text))
     previous: str | None = None
-    for index in range(len(paths.lines)):
-        path = paths.starting(index)
+    for index, line in enumerate(paths.lines):
+        # A line that does not start like a path starts no group: skip the regexes of starting().
+        path = paths.starting(index) if _PATH_LED_LINE.match(line) else None
         if path is not None and path == previous:
             return True
         previous = path

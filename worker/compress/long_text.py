@@ -15,7 +15,7 @@ import re
 from collections import Counter
 
 from worker.compress.limits import ExpansionBudget
-from worker.compress.textform import Encoded, TextForm, sample_lines
+from worker.compress.textform import Encoded, LineStart, TextForm, sample_chars, sample_lines
 from worker.errors import CompressionError
 
 NAME = "long-listing"
@@ -27,6 +27,8 @@ _DATE = r"([A-Z][a-z]{2}) +([0-9]{1,2}) +([0-9]{1,2}:[0-9]{2}|[0-9]{4})"
 _RAW_ROW = re.compile(rf"({_MODE}) +([0-9]+) (\S+) +(\S+) +([0-9]+) {_DATE} (.*)")
 _ROW = re.compile(rf"({_MODE}) ([0-9]+) (.*)")
 _ROW_DATE = re.compile(_DATE.replace(" +", " ") + " ")
+# A raw row up to its name, looked for in C before any row is parsed.
+_RAW_ROW_HEAD = LineStart(rf"{_MODE} +[0-9]+ \S+ +\S+ +[0-9]+ {_DATE} ")
 
 # mode, links, owner, group, size, month, day, time (or year), name
 _Row = tuple[str, str, str, str, str, str, str, str, str]
@@ -126,8 +128,12 @@ def _short_row(row: tuple[str, ...], owner: tuple[str, ...], date: tuple[str, ..
 
 
 def applies(text: str) -> bool:
-    """At least a few rows of ``ls -l`` in the first screenful."""
-    return sum(_RAW_ROW.fullmatch(line) is not None for line in sample_lines(text)) >= _MIN_ROWS
+    """At least a few rows of ``ls -l`` in the first screenful (ruled out in one C search when
+    no line there starts like one)."""
+    return (
+        _RAW_ROW_HEAD.found_in(text, sample_chars())
+        and sum(_RAW_ROW.fullmatch(line) is not None for line in sample_lines(text)) >= _MIN_ROWS
+    )
 
 
 FORM = TextForm(NAME, HEADER, applies, encode, decode)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import re
 
 from worker.compress.limits import ExpansionBudget
-from worker.compress.textform import Encoded, TextForm, sample_lines
+from worker.compress.textform import Encoded, LineStart, TextForm, sample_lines
 
 NAME = "numbered-lines"
 HEADER = "[nl -ba, number padding removed]\n"
 _WIDTH = 6
 _PADDED = re.compile(r"( *)([0-9]+)\t")
 _UNPADDED = re.compile(r"[0-9]+\t")
+# The lines encode() takes padding off: one to five spaces, then a number, six columns in all.
+# A text numbered otherwise (say "%4d\t") often passes applies(); this rules it out in C.
+_SIX_COLUMNS_PADDED = LineStart(r"(?: {5}[0-9]| {4}[0-9]{2}| {3}[0-9]{3}| {2}[0-9]{4}| [0-9]{5})\t")
 
 
 def decode(payload: str, budget: ExpansionBudget | None = None) -> str:
@@ -34,6 +37,8 @@ def decode(payload: str, budget: ExpansionBudget | None = None) -> str:
 
 
 def encode(text: str) -> Encoded | None:
+    if not _SIX_COLUMNS_PADDED.found_in(text):
+        return None  # no line would lose padding (the loop below would say so line by line)
     lines = text.split("\n")
     payload: list[str] = []
     unpadded = 0

@@ -31,13 +31,17 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class _Body:
-    """One body of a shell result as it will go out, with both sides as pieces."""
+    """One body of a shell result as it will go out, with both sides as pieces.
+
+    ``delta`` is None for a body no form compressed (left as it is or escaped): most bodies are,
+    and their delta only matters when another body of the result compresses (:func:`_delta_of`).
+    """
 
     output: str
     forms: frozenset[str]
     original_pieces: Sequence[str]
     pieces: Sequence[str]
-    delta: Delta
+    delta: Delta | None
 
 
 def serialized(output: Json) -> str:
@@ -109,10 +113,19 @@ def _wrapped_delta(parts: list[str], bodies: list[_Body], tally: TokenTally) -> 
     if all(_meets(wrappers[i], body, wrappers[i + 1]) for i, body in enumerate(bodies)):
         present = [wrapper for wrapper in wrappers if wrapper]
         unchanged = Delta(Pending(), 0, tally.pending(Counter(present)))
-        return sum((body.delta for body in bodies), unchanged)
+        return sum((_delta_of(body, tally) for body in bodies), unchanged)
     original = _interleave(wrappers, [body.original_pieces for body in bodies])
     candidate = _interleave(wrappers, [body.pieces for body in bodies])
     return tally.delta(original, candidate)
+
+
+def _delta_of(body: _Body, tally: TokenTally) -> Delta:
+    if body.delta is not None:
+        return body.delta
+    if body.forms:  # escaped with the verbatim header
+        return tally.delta(body.original_pieces, body.pieces)
+    original = body.output  # left as it is: all of it is shared
+    return Delta(Pending(), 0, tally.pending(Counter([original]) if original else Counter()))
 
 
 def _meets(before: str, body: _Body, after: str) -> bool:
@@ -150,9 +163,8 @@ def _encode_body(body: str, tally: TokenTally, min_saving: float) -> _Body:
             return _Body(choice.text, forms, choice.original_pieces, choice.pieces, choice.delta)
     raw = raw_body(body)
     if raw is body:
-        unchanged = Delta(Pending(), 0, tally.pending(Counter([body]) if body else Counter()))
-        return _Body(body, frozenset(), [body], [body], unchanged)
-    return _Body(raw, frozenset({text.VERBATIM}), [body], [raw], tally.delta([body], [raw]))
+        return _Body(body, frozenset(), [body], [body], None)
+    return _Body(raw, frozenset({text.VERBATIM}), [body], [raw], None)
 
 
 def raw_body(body: str) -> str:

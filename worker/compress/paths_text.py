@@ -13,13 +13,17 @@ from collections.abc import Iterator
 from itertools import groupby, pairwise, repeat
 
 from worker.compress.limits import ExpansionBudget
-from worker.compress.textform import Encoded, TextForm, sample_lines
+from worker.compress.textform import Encoded, LineStart, TextForm, sample_chars, sample_lines
 
 NAME = "paths-by-dir"
 HEADER = '[paths grouped by directory: "DIR/ a b" = DIR/a, DIR/b]\n'
 _GROUP_LINE = re.compile(r"(\S*[/\\]) (\S+(?: \S+)*)")
 _INLINE_WHITESPACE = re.compile(r"[^\S\n]")
 _ASCII_WHITESPACE = " \t\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what it matches in ASCII text
+# A line with a directory key holds a separator and no whitespace (see _directory_keys), and
+# applies() needs two in a row: most texts (code, logs, prose) have no such pair.
+_KEYED = r"(?=[^\s/\\]*+[/\\])\S++"
+_KEYED_PAIR = LineStart(rf"{_KEYED}\n{_KEYED}(?![^\n])")
 
 
 def decode(payload: str, budget: ExpansionBudget | None = None) -> str:
@@ -123,6 +127,16 @@ def encode(text: str) -> Encoded | None:
 
 def applies(text: str) -> bool:
     """Two neighbouring lines in the first screenful are paths in the same directory."""
+    return may_apply(text) and _shares_a_directory(text)
+
+
+def may_apply(text: str) -> bool:
+    """False when no two neighbouring lines of the first screenful could be paths, which rules
+    the form out in one C search; applies() is never true where this is false."""
+    return _KEYED_PAIR.found_in(text, sample_chars())
+
+
+def _shares_a_directory(text: str) -> bool:
     sample = sample_lines(text)
     keys = _directory_keys("\n".join(sample), sample)
     return any(a is not None and a == b for a, b in pairwise(keys))

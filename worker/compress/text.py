@@ -30,6 +30,8 @@ TEXT_FORMS: tuple[TextForm, ...] = (
     rle_text.FORM,
 )
 VERBATIM = "verbatim"
+# Every header a raw text must not start with, for one C call (str.startswith takes a tuple).
+_HEADERS = (VERBATIM_HEADER, *(form.header for form in TEXT_FORMS))
 _LARGE_TEXT_CHARS = 256 * 1024
 _SAMPLE_CHARS = 16 * 1024
 
@@ -47,7 +49,7 @@ class TextChoice:
 
 def is_framed(text: str) -> bool:
     """Whether ``text`` starts with a form's header (raw text like that must be escaped)."""
-    return text.startswith(VERBATIM_HEADER) or any(text.startswith(f.header) for f in TEXT_FORMS)
+    return text.startswith(_HEADERS)
 
 
 def expand(text: str, budget: ExpansionBudget | None = None) -> str | None:
