@@ -8,6 +8,7 @@ wire format so that everything we do not understand, such as images, passes thro
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +60,12 @@ def identify(
     holds them equal; so only a plain message equal to the prior one reuses its derived id.
     Plainness is found out along with the hash (a walk costs a sixth of hashing) and carried
     along with the ids."""
-    ids: list[str] = []
-    plain: list[bool | None] = []
-    seen: set[str] = set()
-    for index, raw in enumerate(raw_messages):
+    ids, plain = _prior_ids(raw_messages, prior)
+    seen = set(ids)
+    if len(seen) < len(ids):  # a recomputed id collides: the full walk names the duplicate
+        ids, plain, seen = [], [], set()
+    for index in range(len(ids), len(raw_messages)):
+        raw = raw_messages[index]
         if not isinstance(raw, dict):
             raise InvalidSnapshot(f"messages[{index}]", "must be an object")
         own = raw.get("id")
@@ -73,10 +76,6 @@ def identify(
         is_plain: bool | None = None
         if own is not None:
             mid = own
-        elif prior is not None and index < prior.equal:
-            # Equal to a message without an id, whose plainness the prior parse found out.
-            is_plain = prior.plain[index]
-            mid = prior.ids[index] if is_plain else derived_message_id(index, raw)
         else:
             mid, is_plain = derived_message_id(index, raw), is_plain_json(raw)
         if mid in seen:
@@ -84,6 +83,22 @@ def identify(
         seen.add(mid)
         ids.append(mid)
         plain.append(is_plain)
+    return ids, plain
+
+
+def _prior_ids(
+    raw_messages: list[dict[str, Any]], prior: Prior | None
+) -> tuple[list[str], list[bool | None]]:
+    """The ids and plainness of the leading messages equal to the prior parse's, which checked
+    them: their own ids, and their derived ids where the message is plain; a derived id of a
+    message that is not plain is computed again (its JSON may differ though ``==`` holds)."""
+    if prior is None or not prior.equal:
+        return [], []
+    ids, plain = prior.ids[: prior.equal], prior.plain[: prior.equal]
+    if False in plain:
+        for index, is_plain in enumerate(plain):
+            if is_plain is False:
+                ids[index] = derived_message_id(index, raw_messages[index])
     return ids, plain
 
 
@@ -102,18 +117,20 @@ def to_messages(
     again."""
     ids = source_ids(raw_messages) if ids is None else ids
     module = _MODULES[fmt]
-    equal = prior.equal if prior is not None else 0
-    reuse: dict[int, list[Message]] = {}
-    if prior is not None and equal:
-        for m in prior.messages:  # in source order
-            if m.source_index >= equal:
-                break
-            reuse.setdefault(m.source_index, []).append(m)
-    out = reuse.pop(-1, []) if reuse else module.system_messages(system)
+    start = _reusable_run(module, raw_messages, ids, prior)
+    if prior is not None and start:
+        # The leading run is taken whole: prior.messages are in source order, the top-level
+        # system's (source_index -1) first.
+        cut = bisect.bisect_left(prior.messages, start, key=lambda m: m.source_index)
+        out = prior.messages[:cut]
+    else:
+        cut, out = 0, module.system_messages(system)
+    reuse = _reusable_after(prior, cut)
     names = {c.id: c.name for m in out for c in m.tool_calls}
-    for index, raw in enumerate(raw_messages):
+    for index in range(start, len(raw_messages)):
+        raw = raw_messages[index]
         if (
-            index < equal
+            index in reuse
             and prior is not None
             and ids[index] == prior.ids[index]
             and module.reusable(raw)
@@ -127,6 +144,34 @@ def to_messages(
             out.append(message)
     check_tool_pairing(out)
     return out
+
+
+def _reusable_run(
+    module: Any, raw_messages: list[dict[str, Any]], ids: list[str], prior: Prior | None
+) -> int:
+    """How many leading wire messages reuse the prior parse's messages as they are."""
+    if prior is None or not prior.equal:
+        return 0
+    equal = prior.equal
+    if ids[:equal] == prior.ids[:equal] and all(map(module.reusable, raw_messages[:equal])):
+        return equal
+    run = 0
+    while run < equal and ids[run] == prior.ids[run] and module.reusable(raw_messages[run]):
+        run += 1
+    return run
+
+
+def _reusable_after(prior: Prior | None, cut: int) -> dict[int, list[Message]]:
+    """The prior parse's normalized messages from position ``cut`` on that belong to its equal
+    wire messages, by wire index: reused one by one after the leading run breaks."""
+    reuse: dict[int, list[Message]] = {}
+    if prior is None:
+        return reuse
+    for m in prior.messages[cut:]:  # in source order
+        if m.source_index >= prior.equal:
+            break
+        reuse.setdefault(m.source_index, []).append(m)
+    return reuse
 
 
 def check_tool_pairing(messages: list[Message]) -> None:
