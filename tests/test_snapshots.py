@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from worker.config import CompactionConfig, Settings, ToolConfig
 from worker.errors import InvalidSnapshot
-from worker.snapshots import parse_snapshot
+from worker.snapshots import decode_json, parse_snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DEFAULT = Settings()
@@ -384,3 +386,75 @@ def test_every_corpus_snapshot_parses(corpus_dir: Path) -> None:
     for path in files:
         parsed = parse_snapshot(gzip.decompress(path.read_bytes()), DEFAULT)
         assert len(parsed.source_ids) == len(parsed.snapshot.messages), path.name
+
+
+# --- the fast JSON path (orjson) reads exactly what json reads, or leaves the text to json -----
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**25), max_value=10**25)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+def _json_reads(data: bytes) -> Any:
+    try:
+        return ("value", json.loads(data.decode("utf-8")))
+    except (ValueError, RecursionError):
+        return ("refused", None)
+
+
+def _decode_reads(data: bytes) -> Any:
+    try:
+        return ("value", decode_json(data, max_bytes=1 << 30))
+    except InvalidSnapshot:
+        return ("refused", None)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of the same JSON text: 1, 1.0 and true differ here, as in derived ids."""
+    return bool(a == b) and json.dumps(a) == json.dumps(b)
+
+
+@given(_JSON_VALUES, st.sampled_from([None, (",", ":"), (", ", ": ")]))
+def test_fast_parse_reads_what_json_reads(value: Any, separators: Any) -> None:
+    data = json.dumps(value, separators=separators, ensure_ascii=False).encode()
+    assert _same(_decode_reads(data), _json_reads(data))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"123456789012345678901234567890",  # orjson would read a float
+        b"-9223372036854775809",
+        b"[18446744073709551616, 1]",
+        b"NaN",
+        b"[Infinity, -Infinity]",
+        b"1e400",
+        b"-1e-400",
+        b'{"a": 1, "b": 2, "a": 3}',
+        b'"\\ud800"',
+        b'"\\udc00\\ud800"',
+        b'"\xed\xa0\x80"',  # an encoded surrogate: not UTF-8
+        b"\xef\xbb\xbf{}",
+        b'"a\x01"',
+        b"[1,]",
+        b"[" * 254 + b"]" * 254,
+        b"[" * 255 + b"]" * 255,
+        b"[" * 1010 + b"]" * 1010,  # orjson reads this; json refuses it
+        b'{"k": ' * 600 + b"1" + b"}" * 600,
+        b'["' + b"[" * 2000 + b'"]',
+        b"0.1e1",
+        b"5e-324",
+        b"-0",
+        b"-0.0",
+    ],
+)
+def test_fast_parse_edge_cases_read_as_json_does(data: bytes) -> None:
+    assert _same(_decode_reads(data), _json_reads(data))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from worker import formats
@@ -52,6 +53,9 @@ def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
     size = len(data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data)
     if size > max_bytes:
         raise InvalidSnapshot("", f"snapshot is {size} bytes; the limit is {max_bytes}")
+    fast = _fast_loads(data)
+    if fast is not _DECLINED:
+        return fast
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as exc:
@@ -66,6 +70,44 @@ def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
         raise InvalidSnapshot("", "JSON nested too deeply") from None
     except ValueError as exc:  # e.g. an integer beyond Python's digit limit
         raise InvalidSnapshot("", f"malformed JSON: {exc}") from None
+    return value
+
+
+# orjson parses snapshot bytes about three times faster than json. Where the two could differ,
+# the text goes to json, so the values and the errors are always json's:
+# - orjson reads an integer of 19 digits or more as a float (json keeps it an int); the digit
+#   check also fires inside strings, and those snapshots merely take the slower parser;
+# - orjson refuses what json accepts beyond RFC 8259 (NaN, Infinity, 1e400, lone surrogate
+#   escapes);
+# - orjson reads nesting up to 1,024 levels, json up to about 990 depending on the stack. Nesting
+#   is at most the number of opening brackets; beyond 254 of them, orjson's serializer (which
+#   refuses more than 254 levels) tells whether the value is shallow enough for json too.
+# One C pass finds both: digits become "0", opening brackets "[", every other byte a space (a
+# regular expression for 19 digits costs ten times more).
+_SHAPE = bytes(
+    0x30 if 0x30 <= b <= 0x39 else 0x5B if b in (0x5B, 0x7B) else 0x20 for b in range(256)
+)
+_LONG_INTEGER = b"0" * 19
+_SURELY_SHALLOW_BRACKETS = 254
+_DECLINED = object()
+
+
+def _fast_loads(data: bytes | str) -> Any:
+    """The value orjson reads, or _DECLINED where json must decide (text input: always)."""
+    if not isinstance(data, bytes):
+        return _DECLINED
+    shape = data.translate(_SHAPE)
+    if _LONG_INTEGER in shape:
+        return _DECLINED
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _DECLINED  # json decides, and names the problem
+    if shape.count(b"[") > _SURELY_SHALLOW_BRACKETS:
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            return _DECLINED
     return value
 
 
