@@ -90,3 +90,20 @@ def test_the_elided_event_of_a_revision_waiting_for_its_compaction_is_remembered
     assert [e["type"] for e in events] == ["tool_results.elided"]
     ttl = redis.Redis.from_url(redis_url).ttl(published(events[0]["event_id"]))
     assert ttl > svc._evaluation_dedup_ttl_s()
+
+
+def test_only_the_newest_payload_of_a_conversation_is_kept(redis_url: str, tmp_path: Path) -> None:
+    """Older payloads are never read again; kept for their whole TTL, a long conversation
+    would hold every revision it ever submitted."""
+    svc = service(redis_url, tmp_path)
+    client = redis.Redis.from_url(redis_url)
+    for revision in (1, 2, 3):
+        snap = conversation("c-keep", 3 + revision, revision=revision, window=1_000_000)
+        svc.state.store_snapshot("c-keep", revision, json.dumps(snap).encode())
+    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [b"cw:snap:c-keep:3"]
+    # An older revision arriving late is superseded and removes nothing.
+    late = conversation("c-keep", 4, revision=2, window=1_000_000)
+    assert svc.state.store_snapshot("c-keep", 2, json.dumps(late).encode()).status == "superseded"
+    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [b"cw:snap:c-keep:3"]
+    assert svc.evaluate("c-keep") == "skipped"
+    assert [e["revision"] for _, e in svc.state.read_events("c-keep")] == [3]

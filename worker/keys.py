@@ -5,7 +5,7 @@ ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys can
 
 | key | type | written by | lifetime |
 |---|---|---|---|
-| ``cw:snap:{conv}:{rev}`` | string (zlib JSON) | submit | ``redis.snapshot_ttl_s`` |
+| ``cw:snap:{conv}:{rev}`` | string (zlib JSON) | submit | ``snapshot_ttl_s``, or a newer one |
 | ``cw:latest:{conv}`` | string (int) | submit (max only) | ``snapshot_ttl_s``, renewed by submit |
 | ``cw:handled:{conv}`` | string (int) | evaluate | ``stream_ttl_s`` |
 | ``cw:queued:{conv}`` | string flag | submit (NX) / evaluate (DEL) | ``snapshot_ttl_s`` |

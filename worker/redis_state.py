@@ -71,6 +71,8 @@ local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
 local handled = tonumber(redis.call('GET', KEYS[5]) or '-1')
 local rev = tonumber(ARGV[2])
 if rev < latest or rev <= handled then return {'superseded', math.max(latest, handled)} end
+-- Only the newest payload is ever read: an older one would sit out its TTL for nothing.
+if latest >= 0 and latest < rev then redis.call('DEL', ARGV[6] .. latest) end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('SET', KEYS[2], rev, 'EX', ARGV[3])
 redis.call('ZADD', KEYS[4], 'NX', ARGV[4], ARGV[5])
@@ -192,7 +194,14 @@ class RedisState:
                     keys.PENDING,
                     keys.handled(conversation_id),
                 ],
-                args=[packed, revision, ttl, time.time(), conversation_id],
+                args=[
+                    packed,
+                    revision,
+                    ttl,
+                    time.time(),
+                    conversation_id,
+                    _snapshot_prefix(conversation_id),
+                ],
             )
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
 
@@ -209,7 +218,7 @@ class RedisState:
                     keys.last_compaction(conversation_id),
                     keys.memo(conversation_id),
                 ],
-                args=[keys.snapshot(conversation_id, 0)[:-1], known_memo],
+                args=[_snapshot_prefix(conversation_id), known_memo],
             )
         latest = int(reply[0]) if reply[0] else None
         handled = int(reply[1])
@@ -416,6 +425,11 @@ class RedisState:
         with redis_errors("reading metrics"):
             raw = self.client.hgetall(keys.METRICS)
         return {_text(k): float(v) for k, v in raw.items()}
+
+
+def _snapshot_prefix(conversation_id: str) -> str:
+    """The conversation's payload keys without the revision (the scripts append it)."""
+    return keys.snapshot(conversation_id, 0)[:-1]
 
 
 def _text(value: Any) -> str:
