@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,19 +139,48 @@ def _queue_length(r: Any, lists: list[bytes]) -> int:
 POLL_S = 0.005
 
 
-def _drain_rate(r: Any, queue: str, count: int, start: Any, done: Any) -> float:
+@dataclass(frozen=True)
+class Drain:
+    """One timed drain: tasks per second, and the CPU each task took in the worker processes
+    (all together) and in Redis over the same interval."""
+
+    per_s: float
+    worker_cpu_ms: float
+    redis_cpu_ms: float
+
+
+def _cpu_s(procs: list[Any]) -> float:
+    """User + system CPU seconds the processes used so far (Linux /proc)."""
+    total = 0
+    for p in procs:
+        fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _redis_cpu_s(r: Any) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _drain_rate(r: Any, queue: str, count: int, start: Any, done: Any) -> Drain:
     """The queue is full before the workers start; time from the first message taken to the
     last one done: the workers' own throughput, without submitting or start-up in it."""
     lists = _queue_keys(r, queue)
     procs = start()
     while _queue_length(r, lists) >= count:
         time.sleep(0.001)
-    t0 = time.perf_counter()
+    t0, cpu0, redis0 = time.perf_counter(), _cpu_s(procs), _redis_cpu_s(r)
     while not done(lists):
         time.sleep(POLL_S)
     elapsed = time.perf_counter() - t0
+    cpu1, redis1 = _cpu_s(procs), _redis_cpu_s(r)
     stop(procs)
-    return count / elapsed
+    return Drain(
+        per_s=count / elapsed,
+        worker_cpu_ms=(cpu1 - cpu0) / count * 1000,
+        redis_cpu_ms=(redis1 - redis0) / count * 1000,
+    )
 
 
 def run_evaluations(
@@ -163,7 +193,7 @@ def run_evaluations(
     tag: str,
     *,
     grown_by: int = 0,
-) -> float:
+) -> Drain:
     """Evaluations per second: new conversations (``grown_by`` = 0), or conversations each
     evaluated before (by the same processes: their caches are warm) and now ``grown_by``
     messages longer (an agent's next turn). Either way the workers have evaluated something
@@ -197,10 +227,10 @@ def run_evaluations(
         # The counter first (one HGET); every conversation's handled revision once it is reached.
         return _evaluated(r) >= evaluated + count and _all_handled(r, tag, count, 1)
 
-    rate = _drain_rate(r, queue, count, start, done)
+    drain = _drain_rate(r, queue, count, start, done)
     client.close()
     r.close()
-    return rate
+    return drain
 
 
 def _evaluated(r: Any) -> float:
@@ -214,7 +244,7 @@ def _all_handled(r: Any, tag: str, count: int, revision: int) -> bool:
 
 def run_noop(
     settings: Settings, env: dict[str, str], logs: Path, workers: int, count: int
-) -> float:
+) -> Drain:
     sys.path.insert(0, str(ROOT / "bench"))
     import noop_app
 
@@ -231,9 +261,9 @@ def run_noop(
     def done(lists: list[bytes]) -> bool:
         return _queue_length(r, lists) == 0 and not _unacked(r)
 
-    rate = _drain_rate(r, "bench.noop", count, start, done)
+    drain = _drain_rate(r, "bench.noop", count, start, done)
     r.close()
-    return rate
+    return drain
 
 
 def _unacked(r: Any) -> int:
@@ -349,7 +379,7 @@ def scaling_rows(
     """Floor, new and growing, measured one after the other ``repeat`` times (interleaved, so
     that a noisy neighbour hits all three alike); medians printed."""
     for workers in (1, 2):
-        rows = []
+        runs: list[tuple[Drain, Drain, Drain]] = []
         for r in range(repeat):
             floor = run_noop(settings, env, logs, workers, count * 5)
             tag = f"{size}w{workers}r{r}"
@@ -357,16 +387,34 @@ def scaling_rows(
             grown = run_evaluations(
                 settings, env, logs, workers, size, count, f"g{tag}", grown_by=2
             )
-            rows.append((floor, new, grown, new / floor, grown / floor))
-        med = [statistics.median(col) for col in zip(*rows, strict=True)]
-        spread = f"{min(x[4] for x in rows):.2f}-{max(x[4] for x in rows):.2f}"
-        print(
-            f"{size:4}-message snapshots, {workers} worker process(es), median of {repeat}: "
-            f"no-op floor {med[0]:7.1f} tasks/s; new conversations {med[1]:6.1f}/s "
-            f"({med[3]:.2f} of floor); growing conversations {med[2]:6.1f}/s ({med[4]:.2f} of "
-            f"floor; runs {spread})",
-            flush=True,
-        )
+            runs.append((floor, new, grown))
+
+        _print_row(size, workers, runs)
+
+
+def _print_row(size: int, workers: int, runs: list[tuple[Drain, Drain, Drain]]) -> None:
+    """Medians over the runs (floor, new, growing), the spread of the growing ratio, and where
+    the CPU went."""
+
+    def med(pick: Any) -> float:
+        return float(statistics.median(pick(*run) for run in runs))
+
+    ratios = sorted(grown.per_s / floor.per_s for floor, _, grown in runs)
+    print(
+        f"{size:4}-message snapshots, {workers} worker process(es), median of {len(runs)}: "
+        f"no-op floor {med(lambda f, n, g: f.per_s):7.1f} tasks/s; new conversations "
+        f"{med(lambda f, n, g: n.per_s):6.1f}/s ({med(lambda f, n, g: n.per_s / f.per_s):.2f} "
+        f"of floor); growing conversations {med(lambda f, n, g: g.per_s):6.1f}/s "
+        f"({med(lambda f, n, g: g.per_s / f.per_s):.2f} of floor; runs "
+        f"{ratios[0]:.2f}-{ratios[-1]:.2f})",
+        flush=True,
+    )
+    cpu = [
+        f"{name} {statistics.median(run[i].worker_cpu_ms for run in runs):.2f} + "
+        f"{statistics.median(run[i].redis_cpu_ms for run in runs):.2f}"
+        for i, name in enumerate(("no-op", "new", "growing"))
+    ]
+    print("      CPU ms per task, worker processes + Redis: " + "; ".join(cpu), flush=True)
 
 
 def main() -> int:

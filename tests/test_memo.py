@@ -14,6 +14,7 @@ from service_support import redis_server, redis_url  # noqa: F401 - fixtures: a 
 
 from worker.cache import ContentCache, recording
 from worker.config import Settings
+from worker.errors import InvalidSnapshot
 from worker.memo import (
     MAX_MEMO_BYTES,
     StoredMemo,
@@ -412,13 +413,95 @@ def test_deeply_nested_messages_are_reused_too() -> None:
 
 
 def test_a_grown_snapshot_still_gets_every_check() -> None:
-    from worker.errors import InvalidSnapshot
-
     earlier = parse_snapshot(conversation(3), DEFAULT)
     bad = conversation(4, revision=2)
     bad["messages"][-1]["tool_call_id"] = "call0"  # a second result for an answered call
     with pytest.raises(InvalidSnapshot, match="second result"):
         parse_snapshot(bad, DEFAULT, earlier=earlier)
+
+
+def _anthropic(snap: dict[str, Any]) -> dict[str, Any]:
+    """The same conversation in the anthropic format (tool results inside user messages)."""
+    out: list[dict[str, Any]] = []
+    for m in snap["messages"][1:]:
+        if m["role"] == "assistant":
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": m["content"]}]
+            blocks += [
+                {"type": "tool_use", "id": c["id"], "name": "bash", "input": {"command": "ls"}}
+                for c in m.get("tool_calls", [])
+            ]
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            result = {"type": "tool_result", "tool_use_id": m["tool_call_id"]}
+            out.append({"role": "user", "content": [{**result, "content": m["content"]}]})
+    return {**snap, "format": "anthropic", "system": "Be brief.", "messages": out}
+
+
+_EDITS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["grow", "drop", "edit", "own-id", "duplicate-id", "answer-again", "number", "bool"]
+        ),
+        st.integers(0, 30),
+    ),
+    max_size=4,
+)
+
+
+def _edited(snap: dict[str, Any], edits: list[tuple[str, int]]) -> dict[str, Any]:
+    out = copy.deepcopy(snap)
+    messages = out["messages"]
+    for kind, at in edits:
+        i = at % len(messages)
+        if kind == "grow":
+            more = conversation(len(messages) // 2 + 1)["messages"][-2:]
+            messages += (
+                _anthropic({"messages": [{}, *more]})["messages"]
+                if out.get("format") == "anthropic"
+                else more
+            )
+        elif kind == "drop" and len(messages) > 1:
+            messages.pop()
+        elif kind == "edit":
+            messages[i] = {**messages[i], "x_note": f"edited {at}"}
+        elif kind == "own-id":
+            messages[i] = {**messages[i], "id": f"own-{at}"}
+        elif kind == "duplicate-id":
+            messages[i] = {**messages[i], "id": "twice"}
+            messages[-1] = {**messages[-1], "id": "twice"}
+        elif kind == "answer-again" and out.get("format") != "anthropic":
+            answered = [m for m in messages if m["role"] == "tool"]
+            if answered:
+                messages.append({**answered[0], "content": "again"})
+        elif kind in ("number", "bool"):
+            messages[i] = {**messages[i], "x_flag": 1 if kind == "number" else True}
+    return out
+
+
+def _outcome(data: dict[str, Any], earlier: ParsedSnapshot | None) -> Any:
+    try:
+        parsed = parse_snapshot(data, DEFAULT, earlier=earlier)
+    except InvalidSnapshot as exc:
+        return ("rejected", exc.field, exc.reason)
+    return (parsed.source_ids, parsed.plain, [m.model_dump() for m in parsed.messages])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["openai", "anthropic"]), st.integers(1, 6), _EDITS, _EDITS)
+def test_a_parse_that_reuses_the_last_one_is_the_parse_from_scratch(
+    fmt: str, turns: int, first: list[tuple[str, int]], then: list[tuple[str, int]]
+) -> None:
+    """Whatever edits come between two snapshots of a conversation, parsing the second with the
+    first's parse gives what parsing it alone gives: ids, plainness, messages or the rejection."""
+    base = conversation(turns)
+    base = _anthropic(base) if fmt == "anthropic" else base
+    one = _edited(base, first)
+    two = {**_edited(one, then), "revision": 2}
+    try:
+        earlier = parse_snapshot(one, DEFAULT)
+    except InvalidSnapshot:  # the first snapshot itself is invalid: nothing to reuse
+        return
+    assert _outcome(two, earlier) == _outcome(two, None)
 
 
 def test_recent_snapshots_are_bounded_by_payload_bytes() -> None:
