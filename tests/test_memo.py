@@ -501,7 +501,9 @@ def test_a_parse_that_reuses_the_last_one_is_the_parse_from_scratch(
         earlier = parse_snapshot(one, DEFAULT)
     except InvalidSnapshot:  # the first snapshot itself is invalid: nothing to reuse
         return
+    before = copy.deepcopy(earlier.pairing)
     assert _outcome(two, earlier) == _outcome(two, None)
+    assert earlier.pairing == before  # the next parse continues from a copy
 
 
 def test_recent_snapshots_are_bounded_by_payload_bytes() -> None:

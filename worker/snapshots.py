@@ -38,6 +38,7 @@ class ParsedSnapshot:
     source_ids: list[str]
     settings: Settings
     plain: list[bool | None]  # per wire message (formats.identify)
+    pairing: formats.Pairing  # the tool calls of ``messages``, for the next parse to continue
 
     @property
     def conversation_id(self) -> str:
@@ -143,11 +144,16 @@ def parse_snapshot(
     effective = _effective_settings(settings, snapshot)
     prior = _prior(earlier, snapshot)
     ids, plain = formats.identify(snapshot.messages, prior)
-    messages = formats.to_messages(
+    messages, pairing = formats.normalize(
         snapshot.format, snapshot.messages, system=snapshot.system, ids=ids, prior=prior
     )
     return ParsedSnapshot(
-        snapshot=snapshot, messages=messages, source_ids=ids, settings=effective, plain=plain
+        snapshot=snapshot,
+        messages=messages,
+        source_ids=ids,
+        settings=effective,
+        plain=plain,
+        pairing=pairing,
     )
 
 
@@ -165,6 +171,7 @@ def _prior(earlier: ParsedSnapshot | None, snapshot: Snapshot) -> formats.Prior 
         plain=earlier.plain,
         messages=earlier.messages,
         equal=formats.equal_prefix(earlier.snapshot.messages, snapshot.messages),
+        pairing=earlier.pairing,
     )
 
 

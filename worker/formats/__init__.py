@@ -26,6 +26,16 @@ MAX_ID_CHARS = 256
 
 
 @dataclass(frozen=True)
+class Pairing:
+    """What the tool-pairing check knows after a list of messages: each call's tool by call id,
+    and the call ids a result has answered. Never changed once made: a grown snapshot whose
+    parse reuses every earlier message continues from a copy."""
+
+    calls: dict[str, str]
+    answered: set[str]
+
+
+@dataclass(frozen=True)
 class Prior:
     """An earlier parse of the same conversation, with the same format and system prompt, whose
     first ``equal`` wire messages equal (``==``) these: what may be reused from it."""
@@ -34,6 +44,7 @@ class Prior:
     plain: list[bool | None]  # per wire message: no number or boolean (None: has its own id)
     messages: list[Message]
     equal: int
+    pairing: Pairing | None = None  # of ``messages``
 
 
 def equal_prefix(earlier: list[dict[str, Any]], raw_messages: list[dict[str, Any]]) -> int:
@@ -115,6 +126,18 @@ def to_messages(
     With a ``prior`` parse, each of its first ``equal`` wire messages that has the same id and
     is of a kind for which equal means the same normalized message is reused, not normalized
     again."""
+    return normalize(fmt, raw_messages, system=system, ids=ids, prior=prior)[0]
+
+
+def normalize(
+    fmt: WireFormat,
+    raw_messages: list[dict[str, Any]],
+    *,
+    system: Any = None,
+    ids: list[str] | None = None,
+    prior: Prior | None = None,
+) -> tuple[list[Message], Pairing]:
+    """:func:`to_messages`, with the pairing its check ended with (for the next parse)."""
     ids = source_ids(raw_messages) if ids is None else ids
     module = _MODULES[fmt]
     start = _reusable_run(module, raw_messages, ids, prior)
@@ -125,8 +148,14 @@ def to_messages(
         out = prior.messages[:cut]
     else:
         cut, out = 0, module.system_messages(system)
+    if prior is not None and prior.pairing is not None and cut == len(prior.messages):
+        # Every earlier message is reused, and was checked: only the new ones are.
+        pairing = Pairing(dict(prior.pairing.calls), set(prior.pairing.answered))
+        names, checked = dict(pairing.calls), cut
+    else:
+        pairing = Pairing({}, set())
+        names, checked = {c.id: c.name for m in out for c in m.tool_calls}, 0
     reuse = _reusable_after(prior, cut)
-    names = {c.id: c.name for m in out for c in m.tool_calls}
     for index in range(start, len(raw_messages)):
         raw = raw_messages[index]
         if (
@@ -142,8 +171,8 @@ def to_messages(
             if message.tool_calls:
                 names.update((c.id, c.name) for c in message.tool_calls)
             out.append(message)
-    check_tool_pairing(out)
-    return out
+    _continue_pairing(out[checked:], pairing)
+    return out, pairing
 
 
 def _reusable_run(
@@ -176,8 +205,12 @@ def _reusable_after(prior: Prior | None, cut: int) -> dict[int, list[Message]]:
 
 def check_tool_pairing(messages: list[Message]) -> None:
     """Every tool result answers an earlier call, once; every call id is unique."""
-    calls: dict[str, str] = {}
-    answered: set[str] = set()
+    _continue_pairing(messages, Pairing({}, set()))
+
+
+def _continue_pairing(messages: list[Message], pairing: Pairing) -> None:
+    """Check ``messages`` as coming after those ``pairing`` has seen, recording them in it."""
+    calls, answered = pairing.calls, pairing.answered
     for m in messages:
         for call in m.tool_calls:
             if call.id in calls:
