@@ -875,3 +875,20 @@ def test_every_command_exists(services: dict[str, dict[str, Any]], stages: Any) 
     for action in inspect_actions:
         listed = re.findall(r"^\s{2}(\w+)", outputs[("celery", "inspect", "--list")], re.M)
         assert action in listed, f"celery inspect has no {action!r} command"
+
+
+def test_a_starting_worker_collects_garbage_in_large_steps() -> None:
+    """Set when the worker starts (Celery's worker_init), before any pool process forks."""
+    import gc
+
+    from celery.signals import worker_init
+
+    from worker.celery_app import WORKER_GC_THRESHOLDS
+
+    before = gc.get_threshold()
+    assert before != WORKER_GC_THRESHOLDS
+    try:
+        worker_init.send(sender=None)
+        assert gc.get_threshold() == WORKER_GC_THRESHOLDS
+    finally:
+        gc.set_threshold(*before)
