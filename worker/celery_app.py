@@ -117,7 +117,7 @@ def _logging(loglevel: str | int | None = None, **_: Any) -> None:
 # few hundred thousand objects the garbage collector would walk in every full collection, and
 # with the default thresholds (700, 10, 10) a process parsing 500-message snapshots runs one
 # every few dozen evaluations. Collecting young objects every 50,000 allocations, and everything
-# about every 10 million, cut the CPU of such an evaluation by about a quarter (BENCHMARKS.md);
+# about every 10 million, cut the CPU of such an evaluation by a quarter to a third (BENCHMARKS);
 # reference counting still frees everything that holds no cycle at once.
 WORKER_GC_THRESHOLDS = (50_000, 20, 10)
 
