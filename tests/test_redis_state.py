@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from service_support import (  # noqa: F401 - fixtures: a real Redis
     conversation,
@@ -92,18 +93,26 @@ def test_the_elided_event_of_a_revision_waiting_for_its_compaction_is_remembered
     assert ttl > svc._evaluation_dedup_ttl_s()
 
 
-def test_only_the_newest_payload_of_a_conversation_is_kept(redis_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("first", [1, 10**14, 2**53 - 10])  # Lua writes 10**14 as 1e+14
+def test_only_the_newest_payload_of_a_conversation_is_kept(
+    redis_url: str, tmp_path: Path, first: int
+) -> None:
     """Older payloads are never read again; kept for their whole TTL, a long conversation
     would hold every revision it ever submitted."""
     svc = service(redis_url, tmp_path)
     client = redis.Redis.from_url(redis_url)
-    for revision in (1, 2, 3):
-        snap = conversation("c-keep", 3 + revision, revision=revision, window=1_000_000)
+    stale = list(client.scan_iter(match="cw:*c-keep*"))  # from an earlier parameter
+    if stale:
+        client.delete(*stale)
+    for revision in (first, first + 1, first + 2):
+        snap = conversation("c-keep", 3 + revision - first, revision=revision, window=1_000_000)
         svc.state.store_snapshot("c-keep", revision, json.dumps(snap).encode())
-    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [b"cw:snap:c-keep:3"]
+    newest = f"cw:snap:c-keep:{first + 2}".encode()
+    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [newest]
     # An older revision arriving late is superseded and removes nothing.
-    late = conversation("c-keep", 4, revision=2, window=1_000_000)
-    assert svc.state.store_snapshot("c-keep", 2, json.dumps(late).encode()).status == "superseded"
-    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [b"cw:snap:c-keep:3"]
+    late = conversation("c-keep", 4, revision=first + 1, window=1_000_000)
+    status = svc.state.store_snapshot("c-keep", first + 1, json.dumps(late).encode()).status
+    assert status == "superseded"
+    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [newest]
     assert svc.evaluate("c-keep") == "skipped"
-    assert [e["revision"] for _, e in svc.state.read_events("c-keep")] == [3]
+    assert [e["revision"] for _, e in svc.state.read_events("c-keep")] == [first + 2]

@@ -67,12 +67,14 @@ def connect(url: str, *, socket_timeout_s: float = 10.0) -> redis.Redis:
 
 
 _SUBMIT = """
-local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local latest_text = redis.call('GET', KEYS[2])
+local latest = tonumber(latest_text or '-1')
 local handled = tonumber(redis.call('GET', KEYS[5]) or '-1')
 local rev = tonumber(ARGV[2])
 if rev < latest or rev <= handled then return {'superseded', math.max(latest, handled)} end
--- Only the newest payload is ever read: an older one would sit out its TTL for nothing.
-if latest >= 0 and latest < rev then redis.call('DEL', ARGV[6] .. latest) end
+-- Only the newest payload is ever read: an older one would sit out its TTL for nothing. (Its
+-- key is built from the stored text: Lua writes a number of 15+ digits as 1e+14.)
+if latest_text and latest < rev then redis.call('DEL', ARGV[6] .. latest_text) end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('SET', KEYS[2], rev, 'EX', ARGV[3])
 redis.call('ZADD', KEYS[4], 'NX', ARGV[4], ARGV[5])
