@@ -12,6 +12,7 @@ snapshot is a distinct conversation under its threshold, so each costs one full 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -222,10 +223,13 @@ def run_evaluations(
         return procs
 
     evaluated = _evaluated(r)
+    polls = itertools.count(1)
 
     def done(_lists: list[bytes]) -> bool:
-        # The counter first (one HGET); every conversation's handled revision once it is reached.
-        return _evaluated(r) >= evaluated + count and _all_handled(r, tag, count, 1)
+        # The counter first (one HGET); every conversation's handled revision once it is reached,
+        # and every 20th poll anyway (a rejected or expired snapshot is not counted as evaluated).
+        counted = _evaluated(r) >= evaluated + count
+        return (counted or next(polls) % 20 == 0) and _all_handled(r, tag, count, 1)
 
     drain = _drain_rate(r, queue, count, start, done)
     client.close()
