@@ -28,8 +28,9 @@ MAX_ID_CHARS = 256
 @dataclass(frozen=True)
 class Pairing:
     """What the tool-pairing check knows after a list of messages: each call's tool by call id,
-    and the call ids a result has answered. Never changed once made: a grown snapshot whose
-    parse reuses every earlier message continues from a copy."""
+    and the call ids a result has answered. Filled while a parse checks its messages, never
+    changed after: a grown snapshot whose parse reuses every earlier message continues from a
+    copy."""
 
     calls: dict[str, str]
     answered: set[str]
