@@ -24,8 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import ROOT, conversations
 
 from worker.config import Settings
+from worker.events import CompletedEvent
 from worker.facts import argument_strings, extract_paths
-from worker.pipeline import Adapters, evaluate, run_pipeline, tokenizer_of
+from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
+from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
 from worker.transcripts import TranscriptStore
 
@@ -34,7 +36,7 @@ MIN_THRESHOLD = 4000
 
 def with_small_window(snapshot: dict[str, Any]) -> dict[str, Any]:
     parsed = parse_snapshot(snapshot, Settings())
-    tokens = evaluate(parsed, tokenizer_of(parsed)).projected_tokens
+    tokens = evaluate(parsed, tokenizer_of(parsed, Reuse())).projected_tokens
     threshold = max(tokens // 2, MIN_THRESHOLD)
     return {**snapshot, "model": {**snapshot["model"], "context_window": threshold * 4 // 3 + 1}}
 
@@ -48,30 +50,20 @@ def compacted_paths(messages: list[dict[str, Any]], start: int, end: int) -> set
     return paths
 
 
-def _cold_caches() -> None:
-    """Forget cached counts and compressed results: the timing is a first evaluation."""
-    import worker.projection
-    import worker.tokens
-
-    worker.tokens._tokenizers.clear()
-    worker.projection._compressed_front = worker.projection.new_compression_cache()
-    worker.tokens.tokenizer_for("gpt-4.1")  # the encoding itself stays loaded
-
-
 def run_one(snapshot: dict[str, Any], root: Path) -> dict[str, Any]:
-    _cold_caches()
+    # A fresh Reuse: the timing is a first evaluation (the encoding itself stays loaded).
+    pipeline = Pipeline(Settings(), Adapters(store=TranscriptStore(root)), Reuse())
     t0 = time.perf_counter()
-    parsed = parse_snapshot(snapshot, Settings())
-    event = run_pipeline(parsed, Adapters(store=TranscriptStore(root)))[-1]
+    event = pipeline.run(pipeline.parse(snapshot))[-1]
     elapsed = time.perf_counter() - t0
     row: dict[str, Any] = {
         "type": event.type,
         "seconds": elapsed,
         "messages": len(snapshot["messages"]),
     }
-    c = event.compaction
-    if c is None or event.trigger is None:
+    if not isinstance(event, CompletedEvent):
         return row
+    c = event.compaction
     paths = compacted_paths(snapshot["messages"], c.start, c.end)
     kept_text = c.summary.text + json.dumps(c.replacement[:-1], ensure_ascii=False)
     row.update(

@@ -34,7 +34,6 @@ from worker.celery_app import make_app  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.config import Settings, load_settings, with_redis_url  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
-from worker.pipeline import tokenizer_of  # noqa: E402
 from worker.snapshots import parse_snapshot  # noqa: E402
 from worker.tokens import TiktokenTokenizer  # noqa: E402
 
@@ -297,17 +296,18 @@ def regrowth(size: int, grow: int) -> dict[str, float]:
     worker does (from the payload bytes): cold (a process that never saw it, no memo); in the
     process that evaluated it before (its last parse and counted projection reused); and in
     another process that has only the conversation's memo from Redis."""
-    import worker.projection as projection
-    import worker.tokens as tokens
     from worker.pipeline import StoredBlob, evaluate_with_memo
+    from worker.reuse import Reuse
 
     base = json.dumps(snapshot("g", size)).encode()
     grown = json.dumps(snapshot("g", size + grow, revision=2)).encode()
     settings = Settings()
 
+    reuse = Reuse()
+
     def fresh() -> None:
-        tokens._tokenizers.clear()
-        projection._compressed_front = projection.new_compression_cache()
+        nonlocal reuse
+        reuse = Reuse()
 
     def timed(call: Any) -> float:
         t0 = time.perf_counter()
@@ -316,29 +316,29 @@ def regrowth(size: int, grow: int) -> dict[str, float]:
 
     def cold() -> float:
         fresh()
-        return timed(lambda: evaluate_with_memo(*_parsed(grown, settings, None), None))
+        return timed(lambda: evaluate_with_memo(*_parsed(grown, settings, None, reuse), None))
 
     def warm() -> float:
         fresh()
         earlier = parse_snapshot(base, settings)
-        first, update = evaluate_with_memo(earlier, tokenizer_of(earlier), None)
+        first, update = evaluate_with_memo(earlier, reuse, None)
 
         def again() -> None:
             parsed = parse_snapshot(grown, settings, earlier=earlier)
             assert update.stored is not None
             known = StoredBlob(update.stored.digest)  # the store sends only the digest
-            evaluate_with_memo(parsed, tokenizer_of(parsed), known, update.stored, first.counted)
+            evaluate_with_memo(parsed, reuse, known, update.stored, first.counted)
 
         return timed(again)
 
     def other_process() -> float:
         fresh()
         earlier = parse_snapshot(base, settings)
-        _, update = evaluate_with_memo(earlier, tokenizer_of(earlier), None)
+        _, update = evaluate_with_memo(earlier, reuse, None)
         fresh()
         assert update.blob is not None and update.stored is not None
         memo = StoredBlob(update.stored.digest, update.blob)
-        return timed(lambda: evaluate_with_memo(*_parsed(grown, settings, None), memo))
+        return timed(lambda: evaluate_with_memo(*_parsed(grown, settings, None, reuse), memo))
 
     TiktokenTokenizer("gpt-4.1")  # load the encoding outside the timings
     return {
@@ -367,9 +367,9 @@ def tokenize_only_ms(size: int) -> float:
     return statistics.median(once() for _ in range(21))
 
 
-def _parsed(payload: bytes, settings: Settings, earlier: Any) -> tuple[Any, Any]:
+def _parsed(payload: bytes, settings: Settings, earlier: Any, reuse: Any) -> tuple[Any, Any]:
     parsed = parse_snapshot(payload, settings, earlier=earlier)
-    return parsed, tokenizer_of(parsed)
+    return parsed, reuse
 
 
 def scaling_rows(

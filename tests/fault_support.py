@@ -31,7 +31,7 @@ from worker.celery_app import MAINTENANCE_QUEUE, make_app
 from worker.client import Client
 from worker.config import Settings, load_settings, with_redis_url
 from worker.embedded import EmbeddedRedis
-from worker.models import CompactionEvent
+from worker.events import CompactionEvent
 from worker.redis_state import connect
 
 T = TypeVar("T")

@@ -386,13 +386,15 @@ def _conversation_id_cases() -> list[HostileCase]:
 
 
 def _revision_cases() -> list[HostileCase]:
-    def bad_rev(name: str, raw: bytes, *, refuses: bool = True) -> HostileCase:
+    def bad_rev(
+        name: str, raw: bytes, *, refuses: bool = True, field: str = "revision"
+    ) -> HostileCase:
         return HostileCase(
             name,
             "revision",
             "rejected",
             lambda: _raw_doc(name, revision=raw),
-            field="revision",
+            field=field,
             client_refuses=refuses,
         )
 
@@ -402,7 +404,8 @@ def _revision_cases() -> list[HostileCase]:
         bad_rev("revision-exponent", b"1e3"),
         bad_rev("revision-bool", b"true"),
         bad_rev("revision-string", b'"17"'),
-        bad_rev("revision-nan", b"NaN"),
+        # Refused while reading the JSON, before any field is looked at: strict JSON has no NaN.
+        bad_rev("revision-nan", b"NaN", field=""),
         bad_rev("revision-over-max", str(MAX_REVISION + 1).encode()),
         bad_rev("revision-400-digits", b"9" * 400),
         HostileCase(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from worker.client import apply_compaction
-from worker.models import CompactionEvent
+from worker.events import parse_event
 from worker.transcripts import TranscriptStore
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def completed(runner: CliRunner, snapshot: dict[str, Any], *args: str) -> dict[s
     assert result.code == 0, result.stderr
     events = stdout_events(result)
     for e in events:
-        CompactionEvent.model_validate(e)  # every printed event has the contract's shape
+        parse_event(e)  # every printed event has the contract's shape
     done = [e for e in events if e["type"] == "compaction.completed"]
     assert len(done) == 1, events
     assert events[-1] is done[0]
@@ -113,7 +113,7 @@ def test_compact_under_threshold_is_skipped(run_cli: CliRunner, fmt: str) -> Non
     assert result.code == 0, result.stderr
     events = stdout_events(result)
     assert [e["type"] for e in events] == ["compaction.skipped"]
-    CompactionEvent.model_validate(events[0])
+    parse_event(events[0])
     assert events[0]["trigger"]["threshold_tokens"] == 785_682
     assert written_files(run_cli) == []
 
@@ -126,7 +126,7 @@ def test_trigger_off_by_snapshot_override_is_skipped(run_cli: CliRunner) -> None
     assert [e["type"] for e in events] == ["compaction.skipped"]
     # Off is a None threshold; the printed event must still be a valid CompactionEvent.
     assert events[0]["trigger"].get("threshold_tokens") is None
-    CompactionEvent.model_validate(events[0])
+    parse_event(events[0])
     assert written_files(run_cli) == []
 
 
@@ -277,6 +277,25 @@ def test_rerun_is_idempotent_and_retention_runs_after_each_write(run_cli: CliRun
     assert written_files(run_cli) == [run_cli.cwd / newer["compaction"]["transcript"]["uri"]]
 
 
+def test_an_edited_snapshot_under_the_same_revision_is_a_conflict(run_cli: CliRunner) -> None:
+    """Not ``storage_unavailable``: storage is fine; the first transcript of that revision stays."""
+    snapshot = fixture("openai")
+    first = completed(run_cli, snapshot)
+    edited = json.loads(json.dumps(snapshot))
+    index = first["compaction"]["start"] + 1
+    edited["messages"][index]["content"] = "an edited message inside the compacted range"
+    result = run_cli("compact", save(run_cli, edited))
+    no_traceback(result)
+    assert result.code == 1, result.stderr
+    events = stdout_events(result)
+    assert events[-1]["type"] == "compaction.failed"
+    assert events[-1]["error"]["code"] == "transcript_conflict"
+    assert "new revision" in events[-1]["error"]["message"]
+    kept = run_cli.cwd / first["compaction"]["transcript"]["uri"]
+    digest = __import__("hashlib").sha256(kept.read_bytes()).hexdigest()
+    assert digest == first["compaction"]["transcript"]["sha256"]
+
+
 def test_unwritable_transcript_dir_fails_without_a_completed_event(run_cli: CliRunner) -> None:
     blocker = save(run_cli, "a regular file, not a directory", "blocker")
     config = save(run_cli, f'[compaction]\ntranscript_dir = "{blocker}"\n', "c.toml")
@@ -285,7 +304,7 @@ def test_unwritable_transcript_dir_fails_without_a_completed_event(run_cli: CliR
     assert result.code == 1, result.stderr
     events = stdout_events(result)
     assert [e["type"] for e in events] == ["compaction.failed"]
-    CompactionEvent.model_validate(events[0])
+    parse_event(events[0])
     assert events[0]["error"]["code"] == "storage_unavailable"
     assert blocker.read_text() == "a regular file, not a directory"
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from worker.client import EventMismatch, apply_compaction
 from worker.compaction import STRIPPED_ARGUMENTS, STRIPPED_RESPONSE
 from worker.config import Settings
+from worker.events import CompactionEvent
 from worker.groups import group_messages
-from worker.models import CompactionEvent
-from worker.pipeline import Adapters, run_pipeline, tokens_of
+from worker.pipeline import Adapters, Pipeline, tokens_of
 from worker.snapshots import parse_snapshot
 from worker.summarize import SUMMARY_MARKER
 from worker.transcripts import TranscriptStore
@@ -26,7 +26,7 @@ from worker.transcripts import TranscriptStore
 def _compact(snap: dict[str, Any], root: Path) -> CompactionEvent:
     snap["config"].setdefault("summary_max_output_tokens", 300)
     parsed = parse_snapshot(snap, Settings())
-    return run_pipeline(parsed, Adapters(store=TranscriptStore(root)))[-1]
+    return Pipeline(parsed.settings, Adapters(store=TranscriptStore(root))).run(parsed)[-1]
 
 
 def _pairs_intact(messages: list[dict[str, Any]], start: int, end: int) -> bool:

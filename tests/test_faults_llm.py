@@ -13,6 +13,7 @@ set the stand-in's faults per test; the worker runs ``prefer_remote`` and a snap
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from fault_support import (  # noqa: F401 - fixtures
     wait_until,
 )
 
-from worker.models import CompactionEvent
+from worker.events import CompactionEvent, CompletedEvent, FailedEvent
 from worker.testing.standin_llm import Fault, StandinLLM
 
 pytestmark = pytest.mark.slow
@@ -92,8 +93,7 @@ def submit_and_wait(
 
 
 def assert_fell_back(event: CompactionEvent, code: str) -> None:
-    assert event.type == "compaction.completed", (event.type, event.reason)
-    assert event.compaction is not None
+    assert isinstance(event, CompletedEvent), event
     summary = event.compaction.summary
     assert summary.source == "digest"
     assert summary.fallback_reason is not None and summary.fallback_reason.startswith(code), (
@@ -102,9 +102,9 @@ def assert_fell_back(event: CompactionEvent, code: str) -> None:
 
 
 def assert_failed(event: CompactionEvent, code: str) -> None:
-    assert event.type == "compaction.failed", (event.type, event.reason)
-    assert event.error is not None and event.error.code == code, event.error
-    assert event.compaction is None
+    assert isinstance(event, FailedEvent), event
+    assert event.error.code == code, event.error
+    assert "compaction" not in json.loads(event.to_json())
 
 
 def test_429_with_retry_after_is_waited_for(env) -> None:  # type: ignore[no-untyped-def]

@@ -38,7 +38,7 @@ from fault_support import (  # noqa: F401 - fixtures
 )
 from service_support import REPO_ROOT
 
-from worker.models import CompactionEvent
+from worker.events import CompactionEvent
 from worker.transcripts import TranscriptStore
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def run(cluster: Cluster, snap: dict) -> CompactionEvent:  # type: ignore[type-a
 
 def assert_storage_failure(cluster: Cluster, event: CompactionEvent, why: str) -> None:
     """Failed, for the stated reason, and nothing published or left behind for it."""
-    assert event.type == "compaction.failed", (event.type, event.reason)
+    assert event.type == "compaction.failed", event
     assert event.error is not None and event.error.code == STORAGE_ERROR, event.error
     assert "cannot write transcript" in event.error.message and why in event.error.message, (
         event.error.message

@@ -31,7 +31,7 @@ from worker.compress.rle_text import HEADER as RLE_HEADER
 from worker.compress.textform import VERBATIM_HEADER
 from worker.config import Settings
 from worker.errors import CompactorError, CompressionError, InvalidSnapshot
-from worker.pipeline import Adapters, run_pipeline
+from worker.pipeline import Adapters, Pipeline
 from worker.snapshots import ParsedSnapshot, parse_snapshot
 from worker.transcripts import TranscriptStore
 
@@ -301,7 +301,7 @@ def test_pipeline_on_whatever_parses(doc: Any, compact: bool, tmp_path_factory: 
         return  # the parser's own tests report these
     store = TranscriptStore(tmp_path_factory.mktemp("fuzz-transcripts"))
     try:
-        events = run_pipeline(parsed, Adapters(store=store))
+        events = Pipeline(parsed.settings, Adapters(store=store)).run(parsed)
     except CompactorError:
         return
     assert events and events[-1].type in {

@@ -43,7 +43,7 @@ from worker.client import Client
 from worker.config import load_settings, with_redis_url
 from worker.embedded import EmbeddedRedis, free_port
 from worker.errors import InvalidSnapshot
-from worker.models import CompactionEvent
+from worker.events import CompactionEvent, parse_event
 from worker.summarize import SUMMARY_MARKER
 
 CASES = hostile_cases()
@@ -368,7 +368,7 @@ def check_cli_run(run: CliRun) -> None:
         events = run.events()
         assert events, "a handled snapshot prints its outcome"
         for event in events:
-            CompactionEvent.model_validate(event)
+            parse_event(event)
         assert events[-1]["type"] in case.outcomes, events[-1]
         assert events[-1]["conversation_id"] == case.conversation_id
         written = _transcript_files(run.transcripts)

@@ -14,7 +14,8 @@ import pytest
 
 from worker.config import LLMConfig
 from worker.errors import LLMTransientError
-from worker.models import Message, Summary
+from worker.events import Summary
+from worker.models import Message
 from worker.summarize import SummaryRequest
 from worker.summarize.llm import LLMSummarizer
 from worker.testing.standin_llm import StandinLLM

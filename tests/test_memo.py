@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from service_support import redis_server, redis_url  # noqa: F401 - fixtures: a real Redis
 
-from worker.cache import ContentCache, recording
+from worker.cache import ContentCache, Recorder
 from worker.config import Settings
 from worker.errors import InvalidSnapshot
 from worker.memo import (
@@ -26,8 +26,9 @@ from worker.memo import (
 )
 from worker.pipeline import StoredBlob, evaluate, evaluate_with_memo, tokenizer_of
 from worker.recent import RecentConversations
+from worker.reuse import Reuse
 from worker.snapshots import ParsedSnapshot, parse_snapshot
-from worker.tokens import TiktokenTokenizer
+from worker.tokens import CharEstimateTokenizer, TiktokenTokenizer
 
 DEFAULT = Settings()
 
@@ -113,9 +114,10 @@ def test_rewrite_only_when_the_stored_memo_falls_behind() -> None:
 
 
 def test_recording_notes_entries_used_and_computed_per_task() -> None:
-    cache: ContentCache[int] = ContentCache(10, name="c")
+    recorder = Recorder()
+    cache: ContentCache[int] = ContentCache(10, name="c", recorder=recorder)
     cache.get_or_compute("warm", lambda: 1)
-    with recording() as recorded:
+    with recorder.recording() as recorded:
         cache.get_or_compute("warm", lambda: -1)
         cache.get_or_compute("cold", lambda: 2)
     cache.get_or_compute("outside", lambda: 3)
@@ -154,34 +156,30 @@ def conversation(turns: int, *, revision: int = 1) -> dict[str, Any]:
     return {"conversation_id": "c-memo", "revision": revision, "messages": messages}
 
 
-def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a worker process that never saw the conversation has: empty caches."""
-    import worker.projection as projection
-    import worker.tokens as tokens
-
-    monkeypatch.setattr(tokens, "_tokenizers", {})
-    monkeypatch.setattr(projection, "_compressed_front", projection.new_compression_cache())
+# A process's reuse (caches) for the tests that do not make a fresh one: what a worker that has
+# seen everything before has.
+reuse = Reuse()
 
 
 def test_a_grown_conversation_on_another_process_computes_only_its_new_messages(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fresh_caches(monkeypatch)
+    reuse = Reuse()
     first = parse_snapshot(conversation(6), DEFAULT)
-    _, update = evaluate_with_memo(first, tokenizer_of(first), None)
+    _, update = evaluate_with_memo(first, reuse, None)
     assert update.blob is not None
     assert update.results_compressed == 6
 
-    fresh_caches(monkeypatch)  # the next snapshot lands on another process
+    reuse = Reuse()  # the next snapshot lands on another process
     grown = parse_snapshot(conversation(8, revision=2), DEFAULT)
-    with_memo, after = evaluate_with_memo(grown, tokenizer_of(grown), stored_blob(update.blob))
+    with_memo, after = evaluate_with_memo(grown, reuse, stored_blob(update.blob))
     assert after.results_compressed == 2  # the two new tool results
     # Two new exchanges: the assistant's text and arguments, the results, and their
     # compressed forms; the rest came from the memo.
     assert 0 < after.texts_tokenized <= 8
 
-    fresh_caches(monkeypatch)
-    without = evaluate(grown, tokenizer_of(grown))
+    reuse = Reuse()
+    without = evaluate(grown, tokenizer_of(grown, reuse), compressed=reuse.compressed)
     assert with_memo.projected_tokens == without.projected_tokens
     assert with_memo.projection.messages == without.projection.messages
 
@@ -194,9 +192,9 @@ def stored_blob(blob: bytes | None) -> StoredBlob | None:
 def test_a_process_that_made_the_memo_does_not_load_it_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fresh_caches(monkeypatch)
+    reuse = Reuse()
     first = parse_snapshot(conversation(10), DEFAULT)
-    _, made = evaluate_with_memo(first, tokenizer_of(first), None)
+    _, made = evaluate_with_memo(first, reuse, None)
     assert made.blob is not None and made.stored is not None
     grown = parse_snapshot(conversation(11, revision=2), DEFAULT)  # 23 messages: no rewrite
     calls: list[bytes | None] = []
@@ -206,19 +204,19 @@ def test_a_process_that_made_the_memo_does_not_load_it_again(
     monkeypatch.setattr(pipeline, "decode_memo", lambda b: calls.append(b) or real(b))
     # The store sends only the digest to a reader that knows it.
     digest_only = StoredBlob(made.stored.digest)
-    _, again = evaluate_with_memo(grown, tokenizer_of(grown), digest_only, made.stored)
+    _, again = evaluate_with_memo(grown, reuse, digest_only, made.stored)
     assert calls == [] and again.stored == made.stored
     # After evictions the process may lack some entries; it computes those again.
-    tokenizer = tokenizer_of(grown)
+    tokenizer = tokenizer_of(grown, reuse)
     assert isinstance(tokenizer, TiktokenTokenizer)
     tokenizer.cache.evictions += 1
-    _, later = evaluate_with_memo(grown, tokenizer, digest_only, made.stored)
+    _, later = evaluate_with_memo(grown, reuse, digest_only, made.stored)
     assert calls == [] and later.stored is not None
     assert later.stored.evictions == made.stored.evictions + 1
     # Another process's memo (another digest) is loaded.
     other = encode_memo({}, messages=9)
     assert other is not None
-    evaluate_with_memo(grown, tokenizer, stored_blob(other), made.stored)
+    evaluate_with_memo(grown, reuse, stored_blob(other), made.stored)
     assert calls == [other]
 
 
@@ -228,10 +226,10 @@ def test_the_store_sends_the_memo_only_to_a_reader_that_lacks_it(redis_url: str)
     state = RedisState(connect(redis_url), DEFAULT.redis)
     state.store_snapshot("c-m", 1, json.dumps(conversation(1)).encode())
     assert state.take_work("c-m").memo_digest is None
-    from worker.models import CompactionEvent
+    from worker.events import SkippedEvent
 
-    event = CompactionEvent(
-        type="compaction.skipped",
+    event = SkippedEvent(
+        reason="below",
         event_id="e1",
         conversation_id="c-m",
         revision=1,
@@ -549,7 +547,9 @@ def evaluated_in_steps(snapshots: list[dict[str, Any]]) -> list[Any]:
     out, parsed, counted = [], None, None
     for snap in snapshots:
         parsed = parse_snapshot(snap, DEFAULT, earlier=parsed)
-        evaluation = evaluate(parsed, tokenizer_of(parsed), counted)
+        evaluation = evaluate(
+            parsed, tokenizer_of(parsed, reuse), counted, compressed=reuse.compressed
+        )
         counted = evaluation.counted
         out.append(evaluation)
     return out
@@ -562,7 +562,8 @@ def test_a_reused_counted_projection_is_the_full_evaluation(config: dict[str, An
     steps = [grep_conversation(n, revision=n, **config) for n in range(1, 7)]
     steps.append(grep_conversation(4, revision=9, **config))  # history rewritten shorter
     for snap, reused in zip(steps, evaluated_in_steps(steps), strict=True):
-        full = evaluate(parse_snapshot(snap, DEFAULT), tokenizer_of(parse_snapshot(snap, DEFAULT)))
+        full_parse = parse_snapshot(snap, DEFAULT)
+        full = evaluate(full_parse, tokenizer_of(full_parse, reuse), compressed=reuse.compressed)
         assert reused.projected_tokens == full.projected_tokens
         assert reused.projection.messages == full.projection.messages
         assert reused.projection.bodies == full.projection.bodies
@@ -578,17 +579,19 @@ def test_only_new_messages_are_projected_when_the_prefix_is_reused(
 
     first, second = grep_conversation(5), grep_conversation(6, revision=2)
     parsed = parse_snapshot(first, DEFAULT)
-    counted = evaluate(parsed, tokenizer_of(parsed)).counted
+    counted = evaluate(parsed, tokenizer_of(parsed, reuse), compressed=reuse.compressed).counted
     seen: list[int] = []
     real = projection.count_message_tokens
     monkeypatch.setattr(
         projection, "count_message_tokens", lambda m, t: seen.append(m.source_index) or real(m, t)
     )
     grown = parse_snapshot(second, DEFAULT, earlier=parsed)
-    evaluate(grown, tokenizer_of(grown), counted)
+    evaluate(grown, tokenizer_of(grown, reuse), counted, compressed=reuse.compressed)
     assert seen == [11, 12]
     seen.clear()
-    evaluate(grown, tokenizer_of(grown), None)  # without a prior: every message
+    evaluate(
+        grown, tokenizer_of(grown, reuse), None, compressed=reuse.compressed
+    )  # without a prior: every message
     assert len(seen) == 13
 
 
@@ -597,20 +600,18 @@ def test_a_memo_written_by_a_process_that_reuses_is_still_complete(
 ) -> None:
     """The process reuses its counted projection between rewrites, yet each memo it writes
     carries every entry: the other process then computes only what came after it."""
-    fresh_caches(monkeypatch)
+    reuse = Reuse()
     parsed = counted = stored = blob = None
     n = 1
     while n < 20 or (stored is not None and stored.messages == 2 * n + 1):
         n += 1  # one exchange per turn; the memo is rewritten every few turns
         parsed = parse_snapshot(grep_conversation(n, revision=n), DEFAULT, earlier=parsed)
-        evaluation, update = evaluate_with_memo(
-            parsed, tokenizer_of(parsed), stored_blob(blob), stored, counted
-        )
+        evaluation, update = evaluate_with_memo(parsed, reuse, stored_blob(blob), stored, counted)
         counted, stored, blob = evaluation.counted, update.stored, update.blob or blob
     assert stored is not None and stored.messages < 2 * n + 1  # the memo is behind
-    fresh_caches(monkeypatch)
+    reuse = Reuse()
     last = parse_snapshot(grep_conversation(n, revision=n), DEFAULT)
-    _, other = evaluate_with_memo(last, tokenizer_of(last), stored_blob(blob))
+    _, other = evaluate_with_memo(last, reuse, stored_blob(blob))
     assert other.results_compressed == (2 * n + 1 - stored.messages) // 2
 
 
@@ -630,7 +631,7 @@ def test_content_keys_of_different_parts_never_collide() -> None:
 def test_a_tool_name_with_a_nul_does_not_borrow_another_results_body(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fresh_caches(monkeypatch)
+    reuse = Reuse()
     body = "\n".join(f"src/pkg/module_{i}.py" for i in range(80))
     first = {
         "conversation_id": "c-nul-a",
@@ -650,9 +651,9 @@ def test_a_tool_name_with_a_nul_does_not_borrow_another_results_body(
     }
     for snap in (first, second):
         parsed = parse_snapshot(snap, DEFAULT)
-        warm = evaluate(parsed, tokenizer_of(parsed))
-        fresh_caches(monkeypatch)
-        cold = evaluate(parsed, tokenizer_of(parsed))
+        warm = evaluate(parsed, tokenizer_of(parsed, reuse), compressed=reuse.compressed)
+        reuse = Reuse()
+        cold = evaluate(parsed, tokenizer_of(parsed, reuse), compressed=reuse.compressed)
         assert warm.projection.messages == cold.projection.messages
 
 
@@ -684,11 +685,11 @@ def test_front_caches_are_bounded_by_entries_and_count_empty_texts() -> None:
 def test_the_compression_cache_is_named_after_the_codecs() -> None:
     """Memos from workers running other codecs (a rolling deploy) are not preloaded here."""
     import worker.projection as projection
+    from worker.compress import CODECS_VERSION
 
-    assert projection.COMPRESSED_CACHE.startswith("compressed:")
-    assert len(projection.COMPRESSED_CACHE) > len("compressed:")
-    stale = {"compressed:000000000000": {b"k" * 16: "a body from other codecs"}}
-    assert preload(stale, {projection.COMPRESSED_CACHE: projection.compressed_bodies()}) == 0
+    assert f"compressed:v{CODECS_VERSION}" == projection.COMPRESSED_CACHE
+    stale = {f"compressed:v{CODECS_VERSION - 1}": {b"k" * 16: "a body from other codecs"}}
+    assert preload(stale, Reuse().memo_caches(CharEstimateTokenizer())) == 0
 
 
 def test_the_memo_is_rewritten_after_the_conversation_shrinks() -> None:
@@ -702,10 +703,10 @@ def test_a_memo_too_big_to_store_is_not_tried_again_on_every_evaluation(
 ) -> None:
     import worker.memo as memo
 
-    fresh_caches(monkeypatch)
+    reuse = Reuse()
     monkeypatch.setattr(memo, "MAX_MEMO_BYTES", 10)
     first = parse_snapshot(conversation(10), DEFAULT)
-    one, made = evaluate_with_memo(first, tokenizer_of(first), None)
+    one, made = evaluate_with_memo(first, reuse, None)
     assert made.blob is None and made.stored is not None and made.stored.digest == ""
     grown = parse_snapshot(conversation(11, revision=2), DEFAULT, earlier=first)
     encoded: list[int] = []
@@ -713,7 +714,7 @@ def test_a_memo_too_big_to_store_is_not_tried_again_on_every_evaluation(
     import worker.pipeline as pipeline
 
     monkeypatch.setattr(pipeline, "encode_memo", lambda r, **k: encoded.append(1) or real(r, **k))
-    _, again = evaluate_with_memo(grown, tokenizer_of(grown), None, made.stored, one.counted)
+    _, again = evaluate_with_memo(grown, reuse, None, made.stored, one.counted)
     assert encoded == [] and again.stored == made.stored
 
 

@@ -16,6 +16,7 @@ from service_support import (  # noqa: F401 - fixtures: a real Redis
 
 from worker.config import Settings
 from worker.keys import published
+from worker.pipeline import Adapters, Pipeline
 from worker.redis_state import RedisState, connect
 from worker.service import Service
 from worker.transcripts import TranscriptStore
@@ -26,8 +27,7 @@ def service(url: str, tmp_path: Path, **config: Any) -> Service:
     return Service(
         settings=settings,
         state=RedisState(connect(url), settings.redis),
-        store=TranscriptStore(tmp_path),
-        llm=None,
+        pipeline=Pipeline(settings, Adapters(store=TranscriptStore(tmp_path))),
         enqueue_summarize=lambda *_: None,
         enqueue_evaluate=lambda *_: None,
     )

@@ -35,7 +35,7 @@ from worker.client import Client
 from worker.config import load_settings, with_redis_url
 from worker.embedded import EmbeddedRedis, free_port
 from worker.errors import CompactorError
-from worker.models import CompactionEvent
+from worker.events import CompactionEvent, CompletedEvent, FailedEvent
 from worker.testing.standin_llm import StandinLLM
 
 pytestmark = pytest.mark.slow
@@ -323,20 +323,20 @@ def outcomes(service: Service) -> Outcomes:
 def test_llm_scenario_outcomes(outcomes: Outcomes, name: str) -> None:
     _which, _mode, kind, source = SCENARIOS[name]
     event = outcomes.events[name]
-    assert event.type == kind, (event.type, event.reason)
+    assert event.type == kind, event
     run = outcomes.cli[name]
     assert run.code == (0 if kind == "compaction.completed" else 1), run.stderr[-2000:]
     cli_event = json.loads(run.stdout.splitlines()[-1])
     assert cli_event["type"] == kind
     if source is not None:
-        assert event.compaction is not None and event.compaction.summary.source == source
+        assert isinstance(event, CompletedEvent) and event.compaction.summary.source == source
         assert cli_event["compaction"]["summary"]["source"] == source
     if name.startswith("echo"):  # the failure is explained, without the key
-        text = (
-            event.reason
-            or (event.compaction.summary.fallback_reason if event.compaction else "")
-            or ""
-        )
+        if isinstance(event, CompletedEvent):
+            text = event.compaction.summary.fallback_reason or ""
+        else:
+            assert isinstance(event, FailedEvent)
+            text = event.reason
         assert "401" in text or "rejected" in text or "key" in text.lower(), text
 
 

@@ -22,6 +22,7 @@ from service_support import (  # noqa: F401 - fixtures
 from worker.client import EventMismatch, apply_compaction
 from worker.config import Settings, load_settings
 from worker.pipeline import evaluate, tokenizer_of, tokens_of
+from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
 from worker.tokens import tokenizer_for
 
@@ -104,7 +105,7 @@ def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(ser
     parsed = parse_snapshot(grown, load_settings(workers.config, environ={}))
     assert (
         events[-1].trigger.projected_tokens
-        == evaluate(parsed, tokenizer_of(parsed)).projected_tokens
+        == evaluate(parsed, tokenizer_of(parsed, Reuse())).projected_tokens
     )
 
 

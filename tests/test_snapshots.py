@@ -75,7 +75,6 @@ def test_bytes_text_and_mapping_parse_alike() -> None:
         "A.b_c:d-e",
         "x" * 128,
         "_x",
-        "-x",
         "9",
         "a..b",
         "ns:conv.1",
@@ -106,6 +105,8 @@ def test_conversation_id_accepted(cid: str) -> None:
         "١٢٣",  # Arabic-Indic digits
         "a*b",
         "a%2fb",
+        "-rf",  # would read as an option to a shell command over the transcript directory
+        "-x",
     ],
     ids=repr,
 )
@@ -350,6 +351,22 @@ def test_operator_only_overrides_rejected(key: str, value: Any) -> None:
     assert "operator" in error.reason
 
 
+@pytest.mark.parametrize("key", ["summary_max_output_tokens", "summary_max_input_chars"])
+@pytest.mark.parametrize("spelling", [999999, "999999", 999999.0, " 999999 ", "9.99999e5"])
+def test_a_snapshot_never_raises_a_cost_bound_whatever_the_spelling(
+    key: str, spelling: Any
+) -> None:
+    """Before, only ``int`` values were compared, and "999999" or 999999.0 reached the LLM."""
+    error = rejected(snapshot(config={key: spelling}))
+    assert error.field == f"config.{key}"
+
+
+def test_a_snapshot_may_lower_a_cost_bound_in_any_spelling() -> None:
+    for spelling in (100, "100", 100.0):
+        parsed = parse_snapshot(snapshot(config={"summary_max_output_tokens": spelling}), DEFAULT)
+        assert parsed.settings.compaction.summary_max_output_tokens == 100
+
+
 @pytest.mark.parametrize(
     ("config", "tools", "field", "reason_part"),
     [
@@ -403,9 +420,24 @@ _JSON_VALUES = st.recursive(
 )
 
 
+def _refuse(_text: str) -> Any:
+    raise ValueError("not a finite number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError("out of range")
+    return value
+
+
 def _json_reads(data: bytes) -> Any:
+    """What json reads, refusing what strict JSON has no value for (NaN, infinities)."""
     try:
-        return ("value", json.loads(data.decode("utf-8")))
+        return (
+            "value",
+            json.loads(data.decode("utf-8"), parse_constant=_refuse, parse_float=_finite),
+        )
     except (ValueError, RecursionError):
         return ("refused", None)
 

@@ -353,12 +353,13 @@ def test_front_cache_is_bounded_by_characters_and_falls_back_to_digests() -> Non
 
 
 def test_front_cache_hits_are_recorded_for_the_memo() -> None:
-    from worker.cache import recording
+    from worker.cache import Recorder
 
-    tok = TiktokenTokenizer(None)
+    recorder = Recorder()
+    tok = TiktokenTokenizer(None, recorder=recorder)
     text = _long(5)
     tok.count(text)
-    with recording() as recorded:
+    with recorder.recording() as recorded:
         tok.count(text)  # answered by the front: still noted, under its digest
     assert list(recorded.used[tok.cache.name].values()) == [count_tokens(text)]
     assert recorded.computed[tok.cache.name] == 0

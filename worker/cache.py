@@ -1,10 +1,11 @@
 """A small thread-safe LRU keyed by content hash: what makes re-evaluating a grown conversation
 cost only its new messages (token counts, compressed tool results).
 
-While :func:`recording` is active (per thread or task: a context variable), every entry an
-evaluation reads or computes is noted under the cache's name, so that the entries can travel to
-another worker process with the conversation (:mod:`worker.memo`) and be :meth:`preloaded
-<ContentCache.preload>` there.
+While a cache's :class:`Recorder` is recording (per thread or task: a context variable), every
+entry an evaluation reads or computes is noted under the cache's name, so that the entries can
+travel to another worker process with the conversation (:mod:`worker.memo`) and be
+:meth:`preloaded <ContentCache.preload>` there. The caches and their recorder belong to one
+:class:`worker.reuse.Reuse`, which a process owns and passes down.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class Recording:
 
 
 _MISSING: Any = object()
-_recorder: ContextVar[Recording | None] = ContextVar("cache_recorder", default=None)
 
 
 def content_key(*parts: str) -> bytes:
@@ -46,23 +46,39 @@ def content_key(*parts: str) -> bytes:
     return h.digest()
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[Recording]:
-    """Note every cache entry used inside the block (by cache name)."""
-    recorded = Recording()
-    token = _recorder.set(recorded)
-    try:
-        yield recorded
-    finally:
-        _recorder.reset(token)
+class Recorder:
+    """Notes the cache entries used inside :meth:`recording` blocks, per thread or asyncio task
+    (a context variable), for the caches built with it."""
+
+    def __init__(self) -> None:
+        self._current: ContextVar[Recording | None] = ContextVar("cache_recording", default=None)
+
+    def current(self) -> Recording | None:
+        return self._current.get()
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[Recording]:
+        """Note every cache entry used inside the block (by cache name)."""
+        recorded = Recording()
+        token = self._current.set(recorded)
+        try:
+            yield recorded
+        finally:
+            self._current.reset(token)
+
+
+_NOT_RECORDING = Recorder()  # for caches that nothing records
 
 
 class ContentCache(Generic[V]):
-    def __init__(self, max_entries: int, *, name: str = "") -> None:
+    def __init__(
+        self, max_entries: int, *, name: str = "", recorder: Recorder | None = None
+    ) -> None:
         self._data: OrderedDict[Key, V] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
         self.name = name
+        self.recorder = recorder or _NOT_RECORDING
         self.misses = 0
         self.evictions = 0
 
@@ -70,7 +86,7 @@ class ContentCache(Generic[V]):
         # Reads take no lock: each OrderedDict call is atomic under the GIL, and a key evicted
         # between the two calls only costs its recency. Inserting and evicting take the lock.
         value: V = self._data.get(key, _MISSING)
-        recorded = _recorder.get()
+        recorded = self.recorder.current()
         if value is _MISSING:
             value = compute()  # outside the lock: computing may be slow, and is deterministic
             with self._lock:
@@ -139,7 +155,7 @@ class FrontCache(Generic[H, V]):
         hit = self._front.get(item)
         if hit is not None:
             value, key = hit
-            recorded = _recorder.get()
+            recorded = self.back.recorder.current()
             if recorded is not None and self.back.name:
                 recorded.used.setdefault(self.back.name, {})[key] = value
             return value

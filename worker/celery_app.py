@@ -24,18 +24,30 @@ from typing import Any
 from celery import Celery
 from celery.signals import setup_logging, worker_init
 
-from worker.config import Settings, load_settings, redis_url
+from worker.config import Settings, load_settings
 from worker.errors import ConfigError
+from worker.queues import (
+    EVALUATE_QUEUE,
+    EVALUATE_TASK,
+    MAINTENANCE_QUEUE,
+    PRUNE_TASK,
+    QUEUES,
+    RECONCILE_TASK,
+    SUMMARIZE_QUEUE,
+    SUMMARIZE_TASK,
+    broker_ssl,
+    broker_url,
+)
 
-EVALUATE_QUEUE = "compactor.evaluate"
-SUMMARIZE_QUEUE = "compactor.summarize"
-MAINTENANCE_QUEUE = "compactor.maintenance"
-QUEUES = (EVALUATE_QUEUE, SUMMARIZE_QUEUE, MAINTENANCE_QUEUE)
-DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
-
-
-def broker_url(settings: Settings) -> str:
-    return redis_url(settings) or DEFAULT_BROKER
+__all__ = [
+    "EVALUATE_QUEUE",
+    "MAINTENANCE_QUEUE",
+    "QUEUES",
+    "SUMMARIZE_QUEUE",
+    "app",
+    "broker_url",
+    "make_app",
+]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -74,26 +86,21 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": EVALUATE_QUEUE,
         "task_create_missing_queues": True,
         "task_routes": {
-            "compactor.evaluate": {"queue": EVALUATE_QUEUE},
-            "compactor.summarize": {"queue": SUMMARIZE_QUEUE},
-            "compactor.prune": {"queue": MAINTENANCE_QUEUE},
-            "compactor.reconcile": {"queue": MAINTENANCE_QUEUE},
+            EVALUATE_TASK: {"queue": EVALUATE_QUEUE},
+            SUMMARIZE_TASK: {"queue": SUMMARIZE_QUEUE},
+            PRUNE_TASK: {"queue": MAINTENANCE_QUEUE},
+            RECONCILE_TASK: {"queue": MAINTENANCE_QUEUE},
         },
         "beat_schedule": {
-            "prune-transcripts": {"task": "compactor.prune", "schedule": w.prune_interval_s},
-            "reconcile-pending": {
-                "task": "compactor.reconcile",
-                "schedule": w.reconcile_interval_s,
-            },
+            "prune-transcripts": {"task": PRUNE_TASK, "schedule": w.prune_interval_s},
+            "reconcile-pending": {"task": RECONCILE_TASK, "schedule": w.reconcile_interval_s},
         },
         "worker_send_task_events": True,
         "task_send_sent_event": False,
     }
-    if url.startswith("rediss://"):
-        # TLS: certificate checks on by default; ?ssl_cert_reqs=... in the URL may relax them.
-        import ssl
-
-        config["broker_use_ssl"] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    tls = broker_ssl(url)
+    if tls is not None:
+        config["broker_use_ssl"] = tls
     return config
 
 

@@ -1,4 +1,4 @@
-"""``compactor``: the command line (DESIGN.md §4).
+"""``compactor``: the command line (README.md, "Using it").
 
 Exit codes: 0 done; 1 the work failed (a ``compaction.failed`` event, an unexpected error);
 2 the input was rejected (a bad snapshot, bad configuration, a bad argument). Errors go to
@@ -17,14 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import Settings, load_settings, shown_settings
-from worker.errors import CompactorError, ConfigError, InvalidSnapshot, PermanentError
+from worker.errors import CompactorError, ConfigError, InvalidSnapshot, UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
 log = logging.getLogger("worker.cli")
-
-
-class UsageError(PermanentError):
-    code = "usage"
 
 
 def _print_error(error: dict[str, Any]) -> None:
@@ -56,21 +52,17 @@ def _read_input(path: str, max_bytes: int) -> bytes:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    from worker.pipeline import Adapters, run_pipeline
-    from worker.snapshots import parse_snapshot
+    from worker.pipeline import Adapters, Pipeline
     from worker.summarize_factory import llm_summarizer
     from worker.transcripts import TranscriptStore
 
     settings = _settings(args)
-    parsed = parse_snapshot(
-        _read_input(args.snapshot, settings.compaction.max_snapshot_bytes), settings
-    )
+    payload = _read_input(args.snapshot, settings.compaction.max_snapshot_bytes)
     llm = llm_summarizer(settings)  # the operator's choice, as in the worker
     try:
-        events = run_pipeline(
-            parsed,
-            Adapters(store=TranscriptStore(parsed.settings.compaction.transcript_dir), llm=llm),
-        )
+        store = TranscriptStore(settings.compaction.transcript_dir)
+        pipeline = Pipeline(settings, Adapters(store=store, llm=llm))
+        events = pipeline.run(pipeline.parse(payload))
     finally:
         if llm is not None:
             llm.close()

@@ -1,78 +1,62 @@
 """What an agent imports: apply events, build the projected request, submit, read events.
 
-``apply_compaction`` and ``project`` are pure: no Redis, no network, no clock.
+``apply_compaction`` and ``project`` are pure: no Redis, no network, no clock. :class:`Client`
+talks to the service over Redis (and the broker) only; it imports no Celery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from worker import formats
-from worker.config import CompactionConfig, Settings
-from worker.errors import CompactorError, InvalidSnapshot
-from worker.models import (
-    CONVERSATION_ID_PATTERN,
-    MAX_REVISION,
-    Compaction,
-    CompactionEvent,
-    WireFormat,
+import redis
+from pydantic import ValidationError
+
+from worker import formats, keys
+from worker.config import CompactionConfig, Settings, load_settings
+from worker.errors import (
+    CompactorError,
+    ConfigError,
+    EventMismatch,
+    InvalidSnapshot,
+    RedisUnavailable,
+    StorageError,
 )
-from worker.projection import ProjectionPolicy
+from worker.events import CompactionEvent, CompletedEvent, parse_event
+from worker.history import apply_compaction
+from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE, MAX_REVISION, WireFormat
+from worker.projection import CompressionCache, ProjectionPolicy
 from worker.projection import project as project_messages
-from worker.snapshots import decode_json
+from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
+from worker.redis_state import RedisState, SubmitResult, connect
+from worker.snapshots import decode_json, encode_json
+from worker.transcripts import TranscriptStore
 
-if TYPE_CHECKING:
-    from worker.redis_state import SubmitResult
+__all__ = [
+    "Client",
+    "CompactorError",
+    "ConfigError",
+    "EventMismatch",
+    "InvalidSnapshot",
+    "RedisUnavailable",
+    "StorageError",
+    "SubmitResult",
+    "apply_compaction",
+    "parse_event",
+    "project",
+    "restore",
+    "restore_conversation",
+]
 
-_EVALUATE_QUEUE = "compactor.evaluate"  # worker.celery_app.EVALUATE_QUEUE, without importing Celery
-
-
-class EventMismatch(CompactorError):
-    """The event does not describe these messages (already applied, or another history)."""
-
-    code = "event_mismatch"
-
-
-def apply_compaction(
-    messages: list[dict[str, Any]],
-    event: CompactionEvent | Compaction | dict[str, Any],
-    *,
-    system: Any = None,
-) -> list[dict[str, Any]]:
-    """``messages[:start] + replacement + messages[end:]``, located by ``first_id``/``last_id``
-    so that messages the agent appended after the snapshot survive. Returns a new list."""
-    compaction = _compaction_of(event)
-    del system  # ids of wire messages do not depend on Anthropic's top-level system
-    if compaction.replacement and compaction.replacement[-1] in messages:
-        raise EventMismatch("this compaction is already applied (its summary is present)")
-    ids = formats.source_ids(messages)
-    try:
-        start = ids.index(compaction.first_id)
-        last = ids.index(compaction.last_id, start)
-    except ValueError:
-        raise EventMismatch(
-            f"messages {compaction.first_id!r}..{compaction.last_id!r} are not in this history"
-        ) from None
-    if last - start != compaction.end - 1 - compaction.start:
-        raise EventMismatch("the compacted range has a different length in this history")
-    return [*messages[:start], *compaction.replacement, *messages[last + 1 :]]
-
-
-def _compaction_of(event: CompactionEvent | Compaction | dict[str, Any]) -> Compaction:
-    if isinstance(event, Compaction):
-        return event
-    if isinstance(event, dict):
-        event = CompactionEvent.model_validate(event)
-    if event.type != "compaction.completed" or event.compaction is None:
-        raise EventMismatch(f"a {event.type} event has nothing to apply")
-    return event.compaction
+log = logging.getLogger(__name__)
 
 
 def project(
@@ -82,11 +66,15 @@ def project(
     config: CompactionConfig | None = None,
     model: str | None = None,
     system: Any = None,
+    compressed: CompressionCache | None = None,
 ) -> list[dict[str, Any]]:
-    """The messages to send: the same projection the worker measures, in the agent's format."""
+    """The messages to send: the same projection the worker measures, in the agent's format.
+
+    ``compressed``: a cache of compressed tool results you keep between calls
+    (``worker.reuse.Reuse().compressed``), so that each result is compressed once."""
     normalized = formats.to_messages(format, messages, system=system)
     policy = ProjectionPolicy.from_config(config or CompactionConfig(), model=model)
-    projection = project_messages(normalized, policy)
+    projection = project_messages(normalized, policy, compressed=compressed)
     if not projection.bodies:
         return list(messages)
     return formats.replace_tool_results(format, messages, projection.bodies)
@@ -101,24 +89,18 @@ class Client:
     ``submit`` returns in milliseconds: the snapshot is stored in Redis under a key with a TTL
     (a claim check) and a small message naming the conversation goes to the broker, at most
     one queued per conversation at a time (later submissions coalesce into it).
+
+    The asyncio variants never share a thread pool with each other or with your code: submits
+    run on the client's own small pool, and followers read with Redis' asyncio client, so idle
+    ``aevents`` followers hold no thread and cannot delay an ``asubmit``.
     """
 
     def __init__(self, settings: Settings | None = None) -> None:
-        from worker.celery_app import broker_url
-        from worker.config import load_settings
-        from worker.redis_state import RedisState, connect
-
         self.settings = settings or load_settings()
         self._url = broker_url(self.settings)
         self.state = RedisState(connect(self._url), self.settings.redis)
-        self._celery: Any = None
-
-    def _app(self) -> Any:
-        if self._celery is None:
-            from worker.celery_app import make_app
-
-            self._celery = make_app(self.settings)
-        return self._celery
+        self._sender = TaskSender(self._url)
+        self._submit_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def submit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:
         """Enqueue a snapshot (a dict, or its JSON). Only the id and revision are checked here;
@@ -126,14 +108,17 @@ class Client:
         payload, conversation_id, revision = _claim(snapshot, self.settings)
         result = self.state.store_snapshot(conversation_id, revision, payload)
         if result.status == "queued":
-            self._app().send_task(
-                "compactor.evaluate", args=[conversation_id, time.time()], queue=_EVALUATE_QUEUE
-            )
+            self._sender.send(EVALUATE_TASK, [conversation_id, time.time()], queue=EVALUATE_QUEUE)
         return result
 
     async def asubmit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:
-        """``submit`` for asyncio code: the blocking parts run in a worker thread."""
-        return await asyncio.to_thread(self.submit, snapshot)
+        """``submit`` for asyncio code, on the client's own threads."""
+        if self._submit_pool is None:
+            self._submit_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=4, thread_name_prefix="compactor-submit"
+            )
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._submit_pool, self.submit, snapshot)
 
     def events(
         self,
@@ -151,7 +136,9 @@ class Client:
             )
             for entry_id, data in batch:
                 after = entry_id
-                yield entry_id, CompactionEvent.model_validate(data)
+                event = _read_event(entry_id, data)
+                if event is not None:
+                    yield entry_id, event
             if not follow and not batch:
                 return
 
@@ -163,41 +150,70 @@ class Client:
         follow: bool = False,
         block_ms: int = 5000,
     ) -> AsyncIterator[tuple[str, CompactionEvent]]:
-        """Async ``events``: each blocking read runs in a worker thread."""
-        while True:
-            batch = await asyncio.to_thread(
-                self.state.read_events,
-                conversation_id,
-                after=after,
-                block_ms=block_ms if follow else None,
-            )
-            for entry_id, data in batch:
-                after = entry_id
-                yield entry_id, CompactionEvent.model_validate(data)
-            if not follow and not batch:
-                return
+        """Async ``events``, with Redis' asyncio client (no thread is held while waiting)."""
+        import redis.asyncio
+
+        client: Any = redis.asyncio.Redis.from_url(
+            self._url, socket_connect_timeout=5.0, health_check_interval=15
+        )
+        stream = keys.events(conversation_id)
+        try:
+            while True:
+                try:
+                    reply = await client.xread(
+                        {stream: after}, count=100, block=block_ms if follow else None
+                    )
+                except (redis.exceptions.RedisError, OSError) as exc:
+                    raise _async_redis_error(exc) from None
+                entries = [(e, f) for _s, batch in reply or [] for e, f in batch]
+                for entry_id, fields in entries:
+                    after = entry_id.decode()
+                    event = _read_event(after, json.loads(fields[b"event"]))
+                    if event is not None:
+                        yield after, event
+                if not follow and not entries:
+                    return
+        finally:
+            await client.aclose()
 
     def restore(
-        self, conversation: str | CompactionEvent, *, revision: int | None = None
+        self, conversation: str | CompletedEvent, *, revision: int | None = None
     ) -> list[dict[str, Any]]:
         """An original history from the transcripts: the one a completed event replaced
         (sha256-checked), or a conversation's newest transcript (at ``revision``, if given)."""
         transcript_dir = self.settings.compaction.transcript_dir
-        if isinstance(conversation, CompactionEvent):
+        if isinstance(conversation, CompletedEvent):
             return restore(conversation, transcript_dir=transcript_dir)
         return restore_conversation(conversation, transcript_dir=transcript_dir, revision=revision)
 
     def close(self) -> None:
         self.state.client.close()
+        self._sender.close()
+        if self._submit_pool is not None:
+            self._submit_pool.shutdown(wait=False)
 
 
-def restore(event: CompactionEvent, *, transcript_dir: str | Path) -> list[dict[str, Any]]:
+def _read_event(entry_id: str, data: dict[str, Any]) -> CompactionEvent | None:
+    """A stream entry as an event; one that cannot be read at all is skipped with a warning,
+    so that it never stops a reader."""
+    try:
+        return parse_event(data)
+    except ValidationError:
+        log.warning("skipping unreadable event %s", entry_id, exc_info=True)
+        return None
+
+
+def _async_redis_error(exc: Exception) -> CompactorError:
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return ConfigError("redis.url", "Redis refused the credentials")
+    return RedisUnavailable(f"redis unavailable while reading events: {type(exc).__name__}")
+
+
+def restore(event: CompletedEvent, *, transcript_dir: str | Path) -> list[dict[str, Any]]:
     """The original messages of a completed compaction, from its transcript."""
-    from worker.transcripts import TranscriptStore
-
-    if event.compaction is None or event.compaction.transcript is None:
-        raise EventMismatch(f"a {event.type} event has no transcript")
     ref = event.compaction.transcript
+    if ref is None:
+        raise EventMismatch(f"the {event.type} event has no transcript")
     data = TranscriptStore(Path(transcript_dir)).read(ref.uri)
     if hashlib.sha256(data).hexdigest() != ref.sha256:
         raise EventMismatch(f"transcript {ref.uri} does not match the event's sha256")
@@ -209,8 +225,6 @@ def restore_conversation(
     conversation_id: str, *, transcript_dir: str | Path, revision: int | None = None
 ) -> list[dict[str, Any]]:
     """The messages of a conversation's newest kept transcript, or of the one for ``revision``."""
-    from worker.transcripts import TranscriptStore
-
     store = TranscriptStore(Path(transcript_dir))
     kept = [t for t in store.stored(conversation_id) if revision is None or t.revision == revision]
     if not kept:
@@ -222,28 +236,29 @@ def restore_conversation(
 
 def _claim(snapshot: dict[str, Any] | bytes | str, settings: Settings) -> tuple[bytes, str, int]:
     """The payload to store, and the two fields the keys are built from, validated."""
+    limit = settings.compaction.max_snapshot_bytes
     if isinstance(snapshot, dict):
-        payload = json.dumps(snapshot, ensure_ascii=False).encode("utf-8")
-        head = snapshot
+        payload = encode_json(snapshot)
+        head: Any = snapshot
+    elif isinstance(snapshot, bytes | str):
+        try:
+            payload = snapshot.encode("utf-8") if isinstance(snapshot, str) else snapshot
+        except UnicodeEncodeError:
+            raise InvalidSnapshot(
+                "", "text contains a lone UTF-16 surrogate (not valid Unicode)"
+            ) from None
+        head = decode_json(payload, max_bytes=limit)
     else:
-        payload = snapshot.encode("utf-8") if isinstance(snapshot, str) else snapshot
-        head = decode_json(payload, max_bytes=settings.compaction.max_snapshot_bytes)
-    if len(payload) > settings.compaction.max_snapshot_bytes:
-        raise InvalidSnapshot(
-            "",
-            f"snapshot is {len(payload)} bytes; the limit is "
-            f"{settings.compaction.max_snapshot_bytes}",
-        )
+        raise InvalidSnapshot("", f"a snapshot is a dict or its JSON, not {type(snapshot)!r}")
+    if len(payload) > limit:
+        raise InvalidSnapshot("", f"snapshot is {len(payload)} bytes; the limit is {limit}")
     if not isinstance(head, dict):
         raise InvalidSnapshot("", "a snapshot must be a JSON object")
     conversation_id, revision = head.get("conversation_id"), head.get("revision")
     if not isinstance(conversation_id, str) or not re.fullmatch(
         CONVERSATION_ID_PATTERN, conversation_id
     ):
-        raise InvalidSnapshot(
-            "conversation_id",
-            "must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.'",
-        )
+        raise InvalidSnapshot("conversation_id", CONVERSATION_ID_RULE)
     if isinstance(revision, bool) or not isinstance(revision, int):
         raise InvalidSnapshot("revision", "must be an integer")
     if not 0 <= revision <= MAX_REVISION:

@@ -5,7 +5,7 @@ the range ends before the protected tail (the newest group, and an unfinished to
 the newest user turns (up to ``preserve_recent_user_tokens``, at least one) and the last
 ``preserve_recent_delegation_results`` delegation results are carried verbatim into the
 replacement, in order, before the summary. Per-tool hints are resolved here, once, and frozen
-into the event (RFD D17): ``keep`` carries a call whole, ``strip*`` carries it with parts
+into the event: ``keep`` carries a call whole, ``strip*`` carries it with parts
 replaced by markers, ``omit`` drops it from the replacement and from the summary input.
 """
 
@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worker.config import CompactionConfig, ToolConfig, ToolHint
+from worker.events import ToolCallPolicy
 from worker.groups import Group, group_messages, leading_system_count, protected_tail_start
-from worker.models import Message, ToolCall, ToolCallPolicy
+from worker.models import Message, ToolCall
 from worker.summarize import SUMMARY_MARKER
 
 STRIPPED_ARGUMENTS = '{"_compacted": "arguments stripped"}'

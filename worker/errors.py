@@ -75,6 +75,14 @@ class StorageError(TransientError):
     code = "storage_unavailable"
 
 
+class TranscriptConflict(PermanentError):
+    """A different transcript already exists under this compaction's name: the same
+    conversation and revision were submitted again with other messages. Transcripts are
+    create-only, so the first one stays; submit the edited history under a new revision."""
+
+    code = "transcript_conflict"
+
+
 class SummaryError(CompactorError):
     """Summarization failed; subclasses say whether a retry may help."""
 
@@ -97,6 +105,19 @@ class LLMPermanentError(PermanentError):
     """The LLM provider refused the request for good (4xx other than 429, bad key, bad model)."""
 
     code = "llm_rejected"
+
+
+class EventMismatch(PermanentError):
+    """The event does not describe these messages (another conversation or history, or it is
+    already applied), or has nothing to apply."""
+
+    code = "event_mismatch"
+
+
+class UsageError(PermanentError):
+    """A command-line argument is wrong (a file that cannot be read, say)."""
+
+    code = "usage"
 
 
 class CompressionError(PermanentError):

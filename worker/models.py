@@ -1,4 +1,5 @@
-"""Every model that crosses a boundary: snapshots in, events out, and the internal message model.
+"""The models of what comes in: snapshots, and the internal message model they normalize to
+(events, what goes out, are in :mod:`worker.events`).
 
 Snapshots carry the agent's messages in their wire format (``openai`` Chat Completions or
 ``anthropic`` Messages). They are normalized once, by :mod:`worker.formats`, into
@@ -11,24 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 Role = Literal["system", "user", "assistant", "tool"]
 WireFormat = Literal["openai", "anthropic"]
-EventType = Literal[
-    "compaction.completed",
-    "compaction.skipped",
-    "compaction.failed",
-    "compaction.rejected",
-    "tool_results.elided",
-]
 # 2**53 - 1: exact in JSON numbers everywhere and in Redis' Lua (doubles). Transcript names
 # carry it zero-padded to 18 digits, so they sort by revision.
 MAX_REVISION = 2**53 - 1
-CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9_:\-][A-Za-z0-9._:\-]{0,127}$"
+# Not starting with "." or "-": ids become directory names and command-line arguments.
+CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9_:][A-Za-z0-9._:\-]{0,127}$"
+CONVERSATION_ID_RULE = (
+    "must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.' or '-'"
+)
 
 
 class _Frozen(BaseModel):
@@ -63,7 +60,7 @@ class ModelInfo(BaseModel):
 
 
 class Snapshot(BaseModel):
-    """A snapshot as submitted (DESIGN.md §3). ``messages`` stay in the agent's wire format."""
+    """A snapshot as submitted (docs/snapshot.md). ``messages`` stay in the agent's wire format."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -75,83 +72,6 @@ class Snapshot(BaseModel):
     system: str | list[dict[str, Any]] | None = None  # Anthropic's top-level system prompt
     config: dict[str, Any] = Field(default_factory=dict)
     tools: dict[str, Any] = Field(default_factory=dict)
-
-
-class ToolCallPolicy(_Frozen):
-    """How a compaction treats one tool's calls (RFD D17): strip parts of them, or omit them."""
-
-    policy: Literal["strip", "omit"] = "strip"
-    request: bool = False
-    response: bool = False
-
-
-class Trigger(_Frozen):
-    kind: str
-    threshold_tokens: int | None = None
-    projected_tokens: int
-    context_window: int | None = None
-
-
-class Summary(_Frozen):
-    text: str
-    tokens: int
-    source: Literal["llm", "digest"]
-    truncated: bool = False
-    fallback_reason: str | None = None
-    chunks: int = 1
-
-
-class TranscriptRef(_Frozen):
-    uri: str
-    sha256: str
-    bytes: int
-
-
-class Compaction(_Frozen):
-    start: int
-    end: int
-    first_id: str
-    last_id: str
-    replacement: list[dict[str, Any]]
-    summary: Summary
-    tool_calls: ToolCallPolicy | None = None
-    tool_overrides: dict[str, ToolCallPolicy] = Field(default_factory=dict)
-    tokens_before: int
-    tokens_after: int
-    transcript: TranscriptRef | None = None
-    format: WireFormat = "openai"
-    preserved_ids: list[str] = Field(default_factory=list)
-
-
-class ElidedResult(_Frozen):
-    call_id: str
-    tool: str
-    action: Literal["marker", "ellipsis", "emptied", "preview"]
-    bytes_before: int
-    bytes_after: int
-
-
-class EventError(_Frozen):
-    code: str
-    message: str
-    field: str | None = None
-
-
-class CompactionEvent(_Frozen):
-    type: EventType
-    event_id: str
-    conversation_id: str
-    revision: int
-    created_at: datetime
-    trigger: Trigger | None = None
-    compaction: Compaction | None = None
-    elided: list[ElidedResult] | None = None
-    reason: str | None = None
-    error: EventError | None = None
-
-    def to_json(self) -> str:
-        """The event as published: every field present, nulls included (DESIGN.md §3)."""
-        return self.model_dump_json()
 
 
 def canonical_json(value: Any) -> str:
@@ -206,9 +126,3 @@ def is_plain_json(value: Any) -> bool:
         else:
             return False
     return True
-
-
-def event_id_for(conversation_id: str, revision: int, kind: str, *parts: object) -> str:
-    """Deterministic, so a redelivered task re-creates the same event, not a second one."""
-    key = canonical_json([conversation_id, revision, kind, *map(str, parts)])
-    return hashlib.sha256(key.encode()).hexdigest()[:32]

@@ -1,22 +1,24 @@
-"""Snapshot -> events: evaluate, select the range, summarize, persist, describe.
+"""The one orchestrator: a snapshot's evaluate -> decide -> compact -> describe.
 
-The steps are plain functions; :func:`run_pipeline` strings them together for the CLI and the
-Celery tasks, which differ only in the adapters they pass in (summarizers, the transcript store,
-the clock). Nothing here reads the environment or talks to Redis.
+:class:`Pipeline` owns the sequence for every caller: ``compactor compact`` runs it whole in
+process (:meth:`Pipeline.run`); the worker service (:mod:`worker.service`) calls
+:meth:`~Pipeline.parse`, :meth:`~Pipeline.evaluate` and :meth:`~Pipeline.compact` between
+the steps it owns itself (the lock, the lease, re-runs and publishing). Nothing here reads the
+environment or talks to Redis; the outside world comes in as :class:`Adapters`, and what the
+process keeps between snapshots as its :class:`~worker.reuse.Reuse`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from worker import formats
-from worker.cache import ContentCache, recording
-from worker.client import apply_compaction
+from worker.cache import ContentCache
 from worker.compaction import (
     RangePlan,
     ToolPolicies,
@@ -25,12 +27,23 @@ from worker.compaction import (
     resolve_tool_policies,
 )
 from worker.config import Settings
-from worker.errors import (
-    CompactorError,
-    InvalidSnapshot,
-    RedisUnavailable,
+from worker.errors import CompactorError, EventMismatch, RedisUnavailable
+from worker.events import (
+    Compaction,
+    CompactionEvent,
+    CompletedEvent,
+    ElidedEvent,
+    SkippedEvent,
+    Summary,
+    Trigger,
+    completed_event,
+    elided_event,
+    event_id_for,
+    failed_event,
+    skipped_event,
 )
 from worker.facts import extract_facts
+from worker.history import apply_compaction, range_digest
 from worker.memo import (
     StoredMemo,
     decode_memo,
@@ -39,31 +52,23 @@ from worker.memo import (
     preload,
     worth_rewriting,
 )
-from worker.models import (
-    Compaction,
-    CompactionEvent,
-    EventError,
-    Message,
-    Summary,
-    Trigger,
-    canonical_json,
-    event_id_for,
-)
+from worker.models import Message, canonical_json
 from worker.projection import (
     COMPRESSED_CACHE,
+    CompressionCache,
     CountedProjection,
     Projection,
     ProjectionPolicy,
-    compressed_bodies,
     count_message_tokens,
     count_request_tokens,
     project,
     project_and_count,
 )
-from worker.snapshots import ParsedSnapshot
+from worker.reuse import Reuse
+from worker.snapshots import ParsedSnapshot, parse_snapshot
 from worker.summarize import Summarizer, SummaryRequest
 from worker.summarize.digest import DigestSummarizer
-from worker.tokens import Tokenizer, tokenizer_for
+from worker.tokens import Tokenizer
 from worker.transcripts import TranscriptStore
 
 log = logging.getLogger(__name__)
@@ -73,7 +78,19 @@ MUST_KEEP_LIMIT = 60
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """What the pipeline needs from the outside world."""
+
+    store: TranscriptStore
+    llm: Summarizer | None = None
+    digest: Summarizer = field(default_factory=DigestSummarizer)
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+@dataclass(frozen=True)
 class Evaluation:
+    """The projected request, counted, against the resolved threshold."""
+
     counted: CountedProjection
     threshold: int | None
     context_window: int | None
@@ -101,37 +118,12 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
-class PreparedCompaction:
-    plan: RangePlan
-    policies: ToolPolicies
-    request: SummaryRequest
-    event_id: str
+class StoredBlob:
+    """A conversation's memo as the store returned it: its digest, and its bytes unless the
+    reader said it knew that digest."""
 
-
-@dataclass(frozen=True)
-class Adapters:
-    """What the pipeline needs from the outside world."""
-
-    store: TranscriptStore
-    llm: Summarizer | None = None
-    digest: Summarizer = field(default_factory=DigestSummarizer)
-    now: Callable[[], datetime] = lambda: datetime.now(UTC)
-    # True when this compaction's event is already out (a redelivered task): skip the work.
-    already_published: Callable[[str], bool] = lambda _event_id: False
-
-
-def tokenizer_of(parsed: ParsedSnapshot) -> Tokenizer:
-    estimate = parsed.settings.compaction.token_counting == "estimate"
-    return tokenizer_for(parsed.snapshot.model.name or None, estimate=estimate)
-
-
-def evaluation_caches(tokenizer: Tokenizer) -> dict[str, ContentCache[Any]]:
-    """The caches an evaluation reads, by name: what a conversation's memo carries."""
-    caches: dict[str, ContentCache[Any]] = {COMPRESSED_CACHE: compressed_bodies()}
-    cache = getattr(tokenizer, "cache", None)
-    if isinstance(cache, ContentCache):
-        caches[cache.name] = cache
-    return caches
+    digest: str
+    blob: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +136,11 @@ class MemoUpdate:
     texts_tokenized: int = 0
     results_compressed: int = 0
 
+    @property
+    def digest(self) -> str:
+        """The digest to store beside ``blob`` ("" when there is none to store)."""
+        return self.stored.digest if self.blob and self.stored else ""
+
     def counters(self) -> dict[str, float]:
         return {
             "texts_tokenized_total": float(self.texts_tokenized),
@@ -151,9 +148,199 @@ class MemoUpdate:
         }
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What evaluating a snapshot decided, and the events that describe it: ``elided`` (when
+    the projection shortened tool results) and, under the threshold, ``skipped``."""
+
+    evaluation: Evaluation
+    elided: ElidedEvent | None
+    skipped: SkippedEvent | None
+    memo: MemoUpdate | None = None
+
+    @property
+    def over_threshold(self) -> bool:
+        return self.evaluation.over_threshold
+
+
+@dataclass(frozen=True)
+class PreparedCompaction:
+    plan: RangePlan
+    policies: ToolPolicies
+    request: SummaryRequest
+    event_id: str
+
+
+class Pipeline:
+    """Evaluate -> decide -> compact -> describe, for the CLI and the workers alike."""
+
+    def __init__(self, settings: Settings, adapters: Adapters, reuse: Reuse | None = None):
+        self.settings = settings
+        self.adapters = adapters
+        self.reuse = reuse if reuse is not None else Reuse()
+
+    # --- parse -------------------------------------------------------------------------------
+
+    def parse(
+        self,
+        payload: bytes | str | Mapping[str, Any],
+        *,
+        conversation_id: str | None = None,
+        published: Sequence[CompletedEvent] = (),
+    ) -> ParsedSnapshot:
+        """The validated snapshot (InvalidSnapshot otherwise), with the compactions already
+        ``published`` for earlier revisions that it does not contain yet applied in order, so
+        it is evaluated against the compacted history. The conversation's last parse in this
+        process (by ``conversation_id``) is reused for the messages they share."""
+        recent = self.reuse.recent
+        earlier = recent.get(conversation_id) if conversation_id else None
+        parsed = parse_snapshot(payload, self.settings, earlier=earlier)
+        if not isinstance(payload, Mapping):
+            recent.put(parsed, len(payload))
+        return self._with_published(parsed, published)
+
+    def _with_published(
+        self, parsed: ParsedSnapshot, published: Sequence[CompletedEvent]
+    ) -> ParsedSnapshot:
+        messages = parsed.snapshot.messages
+        changed = False
+        for event in published:
+            if event.revision > parsed.revision:
+                continue
+            try:
+                messages = apply_compaction(messages, event, conversation_id=parsed.conversation_id)
+                changed = True
+            except EventMismatch:
+                continue  # already applied by the agent, or another branch of history
+        if not changed:
+            return parsed
+        raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
+        # Validates the ids of the result too; what precedes the compacted range is reused.
+        return parse_snapshot(raw, self.settings, earlier=parsed)
+
+    # --- evaluate and decide -----------------------------------------------------------------
+
+    def tokenizer(self, parsed: ParsedSnapshot) -> Tokenizer:
+        return tokenizer_of(parsed, self.reuse)
+
+    def evaluate(
+        self, parsed: ParsedSnapshot, *, memo: StoredBlob | None = None, with_memo: bool = False
+    ) -> Verdict:
+        """Project, count, decide, describe. ``with_memo``: first preload the conversation's
+        stored ``memo`` (what earlier evaluations computed, on any process), and say in the
+        verdict which memo to store now."""
+        recent = self.reuse.recent
+        conversation_id = parsed.conversation_id
+        prior = recent.counted(conversation_id)
+        update = None
+        if with_memo:
+            known = recent.stored_memo(conversation_id)
+            evaluation, update = evaluate_with_memo(parsed, self.reuse, memo, known, prior)
+        else:
+            tokenizer = self.tokenizer(parsed)
+            evaluation = evaluate(parsed, tokenizer, prior, compressed=self.reuse.compressed)
+        recent.remember_counted(conversation_id, evaluation.counted)
+        now = self.adapters.now()
+        elided = None
+        if evaluation.projection.elided:
+            elided = elided_event(
+                conversation_id, parsed.revision, now, elided=evaluation.projection.elided
+            )
+        skipped = None
+        if not evaluation.over_threshold:
+            reason = (
+                "auto-compaction is off"
+                if evaluation.threshold is None
+                else f"{evaluation.projected_tokens} tokens <= threshold {evaluation.threshold}"
+            )
+            skipped = skipped_event(
+                conversation_id,
+                parsed.revision,
+                now,
+                why="below",
+                reason=reason,
+                trigger=evaluation.trigger(),
+            )
+        return Verdict(evaluation=evaluation, elided=elided, skipped=skipped, memo=update)
+
+    # --- compact and describe ----------------------------------------------------------------
+
+    def compact(
+        self,
+        parsed: ParsedSnapshot,
+        evaluation: Evaluation,
+        *,
+        already_published: Callable[[str], bool] = lambda _event_id: False,
+    ) -> CompactionEvent | None:
+        """The outcome event of a snapshot over the threshold, or None when this exact
+        compaction was already published (a redelivered task: no second LLM call)."""
+        tokenizer = self.tokenizer(parsed)
+        trigger = evaluation.trigger()
+        now = self.adapters.now
+        prepared = prepare(parsed, evaluation, tokenizer)
+        if prepared is None:
+            return skipped_event(
+                parsed.conversation_id,
+                parsed.revision,
+                now(),
+                why="nothing",
+                reason="over the threshold, but nothing outside the protected tail",
+                trigger=trigger,
+            )
+        if already_published(prepared.event_id):
+            return None
+        store = self.adapters.store
+        try:
+            summary = summarize(prepared, parsed.settings, self.adapters)
+            compaction = build_compaction(
+                parsed, prepared, summary, evaluation, tokenizer, self.reuse.compressed
+            )
+            ref = store.write(
+                parsed.conversation_id,
+                parsed.revision,
+                prepared.event_id,
+                transcript_payload(parsed, compaction, prepared.event_id),
+            )
+        except CompactorError as exc:
+            if isinstance(exc, RedisUnavailable):
+                raise  # the task retries; every other failure is reported in an event
+            return failed_event(
+                parsed.conversation_id,
+                parsed.revision,
+                now(),
+                code=exc.code,
+                message=exc.message,
+                trigger=trigger,
+            )
+        _enforce_retention(store, parsed, Path(ref.uri))
+        return completed_event(
+            parsed.conversation_id,
+            parsed.revision,
+            now(),
+            event_id=prepared.event_id,
+            trigger=trigger,
+            compaction=compaction.model_copy(update={"transcript": ref}),
+        )
+
+    def run(self, parsed: ParsedSnapshot) -> list[CompactionEvent]:
+        """Everything after parsing, in process: the events to publish, in order."""
+        verdict = self.evaluate(parsed)
+        outcome = verdict.skipped or self.compact(parsed, verdict.evaluation)
+        return [e for e in (verdict.elided, outcome) if e is not None]
+
+
+# --- the steps, as functions ---------------------------------------------------------------
+
+
+def tokenizer_of(parsed: ParsedSnapshot, reuse: Reuse) -> Tokenizer:
+    """The process's tokenizer for the snapshot's model (or the estimate, if configured)."""
+    estimate = parsed.settings.compaction.token_counting == "estimate"
+    return reuse.tokenizer(parsed.snapshot.model.name or None, estimate=estimate)
+
+
 def evaluate_with_memo(
     parsed: ParsedSnapshot,
-    tokenizer: Tokenizer,
+    reuse: Reuse,
     memo: StoredBlob | None,
     known: StoredMemo | None = None,
     prior: CountedProjection | None = None,
@@ -164,13 +351,16 @@ def evaluate_with_memo(
 
     When the stored memo has fallen behind, this evaluation writes a new one: it then evaluates
     every message (not reusing ``prior``), so that every entry used is noted."""
-    caches = evaluation_caches(tokenizer)
+    tokenizer = tokenizer_of(parsed, reuse)
+    caches = reuse.memo_caches(tokenizer)
     evictions = _evictions(caches)
     stored = _load_memo(memo, known, caches, evictions)
     size = len(parsed.snapshot.messages)
     rewrite = worth_rewriting(size, stored)
-    with recording() as recorded:
-        evaluation = evaluate(parsed, tokenizer, None if rewrite else prior)
+    with reuse.recording() as recorded:
+        evaluation = evaluate(
+            parsed, tokenizer, None if rewrite else prior, compressed=reuse.compressed
+        )
     computed = {
         "texts_tokenized": sum(
             n for name, n in recorded.computed.items() if name != COMPRESSED_CACHE
@@ -188,13 +378,34 @@ def evaluate_with_memo(
     return evaluation, MemoUpdate(blob=blob, stored=made, **computed)
 
 
-@dataclass(frozen=True)
-class StoredBlob:
-    """A conversation's memo as the store returned it: its digest, and its bytes unless the
-    reader said it knew that digest."""
+def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:
+    return ProjectionPolicy.from_config(
+        parsed.settings.compaction, model=parsed.snapshot.model.name or None
+    )
 
-    digest: str
-    blob: bytes | None = None
+
+def evaluate(
+    parsed: ParsedSnapshot,
+    tokenizer: Tokenizer,
+    prior: CountedProjection | None = None,
+    *,
+    compressed: CompressionCache | None = None,
+) -> Evaluation:
+    """Project the history as the next request would see it, count it, resolve the threshold.
+
+    ``prior``: the conversation's last counted projection in this process, whose messages the
+    parse may have reused; those are not projected or counted again."""
+    config = parsed.settings.compaction
+    window = parsed.snapshot.model.context_window
+    counted = project_and_count(
+        parsed.messages, projection_policy(parsed), tokenizer, prior, compressed=compressed
+    )
+    return Evaluation(
+        counted=counted,
+        threshold=config.auto_compact_threshold(window),
+        context_window=window,
+        trigger_kind=config.auto_compact_trigger,
+    )
 
 
 def _load_memo(
@@ -223,30 +434,6 @@ def _load_memo(
 def _evictions(caches: dict[str, ContentCache[Any]]) -> int:
     """How many entries the caches have dropped so far: a change means some may be gone."""
     return sum(cache.evictions for cache in caches.values())
-
-
-def projection_policy(parsed: ParsedSnapshot) -> ProjectionPolicy:
-    return ProjectionPolicy.from_config(
-        parsed.settings.compaction, model=parsed.snapshot.model.name or None
-    )
-
-
-def evaluate(
-    parsed: ParsedSnapshot, tokenizer: Tokenizer, prior: CountedProjection | None = None
-) -> Evaluation:
-    """Project the history as the next request would see it, count it, resolve the threshold.
-
-    ``prior``: the conversation's last counted projection in this process, whose messages the
-    parse may have reused; those are not projected or counted again."""
-    config = parsed.settings.compaction
-    window = parsed.snapshot.model.context_window
-    counted = project_and_count(parsed.messages, projection_policy(parsed), tokenizer, prior)
-    return Evaluation(
-        counted=counted,
-        threshold=config.auto_compact_threshold(window),
-        context_window=window,
-        trigger_kind=config.auto_compact_trigger,
-    )
 
 
 def prepare(
@@ -335,6 +522,7 @@ def build_compaction(
     summary: Summary,
     evaluation: Evaluation,
     tokenizer: Tokenizer,
+    compressed: CompressionCache | None = None,
 ) -> Compaction:
     """The event's compaction (without its transcript): replacement and exact tokens after."""
     snap = parsed.snapshot
@@ -354,6 +542,7 @@ def build_compaction(
         end=plan.end,
         first_id=parsed.source_ids[plan.start],
         last_id=parsed.source_ids[plan.end - 1],
+        range_sha256=range_digest(snap.messages[plan.start : plan.end]),
         replacement=replacement,
         summary=summary,
         tool_calls=prepared.policies.default,
@@ -363,20 +552,24 @@ def build_compaction(
         format=snap.format,
         preserved_ids=[m.id for m in plan.carried],
     )
-    after = tokens_of(
-        apply_compaction(snap.messages, compaction, system=snap.system), parsed, tokenizer
-    )
+    applied = apply_compaction(snap.messages, compaction)
+    after = tokens_of(applied, parsed, tokenizer, compressed=compressed)
     return compaction.model_copy(update={"tokens_after": after})
 
 
 def tokens_of(
-    raw_messages: list[dict[str, Any]], parsed: ParsedSnapshot, tokenizer: Tokenizer
+    raw_messages: list[dict[str, Any]],
+    parsed: ParsedSnapshot,
+    tokenizer: Tokenizer,
+    *,
+    compressed: CompressionCache | None = None,
 ) -> int:
     """Projected request tokens of a wire-format history, under the snapshot's settings."""
     messages = formats.to_messages(
         parsed.snapshot.format, raw_messages, system=parsed.snapshot.system
     )
-    return count_request_tokens(project(messages, projection_policy(parsed)).messages, tokenizer)
+    projection = project(messages, projection_policy(parsed), compressed=compressed)
+    return count_request_tokens(projection.messages, tokenizer)
 
 
 def transcript_payload(parsed: ParsedSnapshot, compaction: Compaction, event_id: str) -> bytes:
@@ -398,123 +591,6 @@ def transcript_payload(parsed: ParsedSnapshot, compaction: Compaction, event_id:
         },
     }
     return canonical_json(doc).encode("utf-8")
-
-
-def _event(
-    parsed: ParsedSnapshot, kind: str, now: datetime, *id_parts: object, **fields: Any
-) -> CompactionEvent:
-    return CompactionEvent(
-        type=kind,
-        event_id=event_id_for(parsed.conversation_id, parsed.revision, kind, *id_parts),
-        conversation_id=parsed.conversation_id,
-        revision=parsed.revision,
-        created_at=now,
-        **fields,
-    )
-
-
-def rejected_event(
-    error: InvalidSnapshot, *, conversation_id: str, revision: int, now: datetime
-) -> CompactionEvent:
-    return CompactionEvent(
-        type="compaction.rejected",
-        event_id=event_id_for(
-            conversation_id, revision, "compaction.rejected", error.field, error.reason
-        ),
-        conversation_id=conversation_id,
-        revision=revision,
-        created_at=now,
-        reason=error.message,
-        error=EventError(code=error.code, message=error.reason, field=error.field or None),
-    )
-
-
-def run_pipeline(parsed: ParsedSnapshot, adapters: Adapters) -> list[CompactionEvent]:
-    """Everything after parsing, in process. Returns the events to publish, in order."""
-    tokenizer = tokenizer_of(parsed)
-    evaluation = evaluate(parsed, tokenizer)
-    elided = elided_event(parsed, evaluation, adapters.now())
-    outcome = compact_if_needed(parsed, evaluation, tokenizer, adapters)
-    return [e for e in (elided, outcome) if e is not None]
-
-
-def elided_event(
-    parsed: ParsedSnapshot, evaluation: Evaluation, now: datetime
-) -> CompactionEvent | None:
-    """The ``tool_results.elided`` record of a projection that changed something."""
-    elided = evaluation.projection.elided
-    if not elided:
-        return None
-    return _event(parsed, "tool_results.elided", now, len(elided), elided=elided)
-
-
-def skipped_event(parsed: ParsedSnapshot, evaluation: Evaluation, now: datetime) -> CompactionEvent:
-    reason = (
-        "auto-compaction is off"
-        if evaluation.threshold is None
-        else f"{evaluation.projected_tokens} tokens <= threshold {evaluation.threshold}"
-    )
-    return _event(
-        parsed, "compaction.skipped", now, "below", trigger=evaluation.trigger(), reason=reason
-    )
-
-
-def failed_event(
-    parsed: ParsedSnapshot, error: CompactorError, now: datetime, trigger: Trigger | None = None
-) -> CompactionEvent:
-    return _event(
-        parsed,
-        "compaction.failed",
-        now,
-        error.code,
-        trigger=trigger,
-        reason=error.message,
-        error=EventError(code=error.code, message=error.message),
-    )
-
-
-def compact_if_needed(
-    parsed: ParsedSnapshot, evaluation: Evaluation, tokenizer: Tokenizer, adapters: Adapters
-) -> CompactionEvent | None:
-    """The outcome event, or None when this exact compaction was already published."""
-    trigger = evaluation.trigger()
-    if not evaluation.over_threshold:
-        return skipped_event(parsed, evaluation, adapters.now())
-    prepared = prepare(parsed, evaluation, tokenizer)
-    if prepared is None:
-        return _event(
-            parsed,
-            "compaction.skipped",
-            adapters.now(),
-            "nothing",
-            trigger=trigger,
-            reason="over the threshold, but nothing outside the protected tail",
-        )
-    if adapters.already_published(prepared.event_id):
-        return None
-    try:
-        summary = summarize(prepared, parsed.settings, adapters)
-        compaction = build_compaction(parsed, prepared, summary, evaluation, tokenizer)
-        ref = adapters.store.write(
-            parsed.conversation_id,
-            parsed.revision,
-            prepared.event_id,
-            transcript_payload(parsed, compaction, prepared.event_id),
-        )
-    except CompactorError as exc:
-        if isinstance(exc, RedisUnavailable):
-            raise  # the task retries; every other failure is reported in an event
-        return failed_event(parsed, exc, adapters.now(), trigger)
-    _enforce_retention(adapters.store, parsed, Path(ref.uri))
-    return CompactionEvent(
-        type="compaction.completed",
-        event_id=prepared.event_id,
-        conversation_id=parsed.conversation_id,
-        revision=parsed.revision,
-        created_at=adapters.now(),
-        trigger=trigger,
-        compaction=compaction.model_copy(update={"transcript": ref}),
-    )
 
 
 def _enforce_retention(store: TranscriptStore, parsed: ParsedSnapshot, written: Path) -> None:

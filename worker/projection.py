@@ -2,24 +2,23 @@
 
 Applied to tool-result bodies only, in this order: lossless compression (each result on its
 own, deterministic, so a result projects the same way every time and providers' prompt caches
-stay warm), then either the strict byte budget or the recent-count markers (DESIGN.md §2).
+stay warm), then either the strict byte budget or the recent-count markers (docs/configuration.md).
 The trigger is evaluated on this projection, and agents import the same function to build the
 request they send, so what the worker measures is what the model receives.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from worker.cache import ContentCache, FrontCache, content_key
-from worker.compress import compress_tool_result
+from worker.cache import ContentCache, FrontCache, Recorder, content_key
+from worker.compress import CODECS_VERSION, compress_tool_result
 from worker.config import CompactionConfig, ProjectedToolResultBudget
-from worker.models import ElidedResult, Message
+from worker.events import ElidedResult
+from worker.models import Message
 from worker.tokens import Tokenizer
 
 SMALL_RESULT_BYTES = 100  # keep_recent_tool_results never rewrites results this small
@@ -60,12 +59,20 @@ def marker_for(tool: str | None) -> str:
     return f"[Previous: used {tool or 'tool'}]"
 
 
-def project(messages: list[Message], policy: ProjectionPolicy) -> Projection:
-    """The request view of ``messages`` under ``policy``. Never mutates its input."""
+def project(
+    messages: list[Message],
+    policy: ProjectionPolicy,
+    *,
+    compressed: CompressionCache | None = None,
+) -> Projection:
+    """The request view of ``messages`` under ``policy``. Never mutates its input.
+
+    ``compressed``: a cache of compressed bodies (a process's :class:`worker.reuse.Reuse` has
+    one); without it every tool result is compressed again."""
     results = [i for i, m in enumerate(messages) if m.role == "tool"]
     bodies = {i: messages[i].content for i in results}
     if policy.compress_tool_results:
-        bodies = {i: _compressed(messages[i], policy) for i in results}
+        bodies = {i: _compressed(messages[i], policy, compressed) for i in results}
     elided: list[ElidedResult] = []
     if policy.projected_tool_result_budget is not None:
         bodies, elided = _apply_budget(
@@ -84,50 +91,37 @@ def project(messages: list[Message], policy: ProjectionPolicy) -> Projection:
     return Projection(messages=projected, bodies=by_call, elided=elided)
 
 
-def _codecs_fingerprint() -> str:
-    """Of the codecs' own source: a memo written by workers running other codecs (a rolling
-    deploy) holds bodies this version would not make, so it must not be taken."""
-    import worker.compress as codecs
-
-    digest = hashlib.blake2b(digest_size=6)
-    for path in sorted(Path(codecs.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 # Compression is deterministic, so each distinct result is compressed once per process (and
 # the outcome travels with the conversation's memo). None: the result stays as it is.
-COMPRESSED_CACHE = f"compressed:{_codecs_fingerprint()}"
+COMPRESSED_CACHE = f"compressed:v{CODECS_VERSION}"
 # (tool, result, model, gate) -> the compressed body, in front of the digest-keyed cache.
 CompressionInput = tuple[str, str, str, str]
+CompressionCache = FrontCache[CompressionInput, str | None]
 
 
-def new_compression_cache() -> FrontCache[CompressionInput, str | None]:
+def new_compression_cache(
+    *, recorder: Recorder | None = None, max_entries: int = 50_000, max_chars: int = 32 * 2**20
+) -> CompressionCache:
     return FrontCache(
-        ContentCache(50_000, name=COMPRESSED_CACHE),
-        max_size=32 * 2**20,
-        max_entries=50_000,
+        ContentCache(max_entries, name=COMPRESSED_CACHE, recorder=recorder),
+        max_size=max_chars,
+        max_entries=max_entries,
         size_of=lambda item: sum(map(len, item)),
         key_of=lambda item: content_key(*item),
     )
 
 
-_compressed_front = new_compression_cache()
-
-
-def compressed_bodies() -> ContentCache[str | None]:
-    return _compressed_front.back
-
-
-def _compressed(message: Message, policy: ProjectionPolicy) -> str:
-    item = (
-        message.tool_name or "",
-        message.content,
-        policy.model or "",
-        f"{policy.compress_min_tokens}:{policy.compress_min_saving}",
-    )
-    body = _compressed_front.get_or_compute(item, lambda: _compress_now(message, policy))
+def _compressed(message: Message, policy: ProjectionPolicy, cache: CompressionCache | None) -> str:
+    if cache is None:
+        body = _compress_now(message, policy)
+    else:
+        item = (
+            message.tool_name or "",
+            message.content,
+            policy.model or "",
+            f"{policy.compress_min_tokens}:{policy.compress_min_saving}",
+        )
+        body = cache.get_or_compute(item, lambda: _compress_now(message, policy))
     return message.content if body is None else body
 
 
@@ -187,7 +181,7 @@ def _apply_budget(
     bodies: dict[int, str],
     budget: ProjectedToolResultBudget,
 ) -> tuple[dict[int, str], list[ElidedResult]]:
-    """DESIGN.md §2's strict aggregate cap; see the module docstring of the steps."""
+    """The strict aggregate cap (docs/configuration.md, ``projected_tool_result_budget``)."""
     if sum(_size(bodies[i]) for i in results) <= budget.max_bytes:
         return bodies, []
     newest_first = results[::-1]
@@ -331,16 +325,18 @@ def project_and_count(
     policy: ProjectionPolicy,
     tokenizer: Tokenizer,
     prior: CountedProjection | None = None,
+    *,
+    compressed: CompressionCache | None = None,
 ) -> CountedProjection:
     """:func:`project` and count; with a ``prior`` of the same conversation, the leading
     messages it shares are neither projected nor counted again, when each message projects on
     its own (no budget or recency across messages)."""
     shared = _shared_prefix(prior, messages, policy, tokenizer)
     if prior is None or shared == 0:
-        projection = project(messages, policy)
+        projection = project(messages, policy, compressed=compressed)
         counts = [count_message_tokens(m, tokenizer) for m in projection.messages]
         return CountedProjection(messages, projection, counts, policy, tokenizer.name)
-    rest = project(messages[shared:], policy)
+    rest = project(messages[shared:], policy, compressed=compressed)
     kept_calls = {m.tool_call_id for m in messages[:shared] if m.role == "tool"}
     bodies = {cid: b for cid, b in prior.projection.bodies.items() if cid in kept_calls}
     projection = Projection(

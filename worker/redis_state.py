@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +26,9 @@ from redis.retry import Retry
 from worker import keys
 from worker.config import RedisConfig
 from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
-from worker.models import CompactionEvent
+from worker.events import CompactionEvent, CompletedEvent, parse_event
+
+log = logging.getLogger(__name__)
 
 RECENT_MAXLEN = 1000
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
@@ -130,6 +133,14 @@ end
 return 0
 """
 
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+return tostring(token)
+"""
+
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -157,7 +168,7 @@ class Work:
     latest: int | None  # newest submitted revision (None: nothing, or expired)
     handled: int  # newest revision with an outcome
     payload: bytes | None = None  # the newest snapshot, when there is work to do
-    compactions: list[CompactionEvent] = field(default_factory=list)  # oldest first
+    compactions: list[CompletedEvent] = field(default_factory=list)  # oldest first
     # The conversation's evaluation memo (worker.memo): its digest, and its bytes unless the
     # caller already knew that digest.
     memo_digest: str | None = None
@@ -176,6 +187,7 @@ class RedisState:
         self.config = config
         self._submit = client.register_script(_SUBMIT)
         self._publish = client.register_script(_PUBLISH)
+        self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._take = client.register_script(_TAKE)
         self._settle = client.register_script(_SETTLE)
@@ -227,7 +239,7 @@ class RedisState:
         if len(reply) < 3:
             return Work(latest=latest, handled=handled)
         payload = zlib.decompress(reply[2]) if reply[2] else None
-        compactions = [CompactionEvent.model_validate_json(r) for r in reversed(reply[3])]
+        compactions = _completed_events(reversed(reply[3]))
         return Work(
             latest=latest,
             handled=handled,
@@ -245,12 +257,11 @@ class RedisState:
     def acquire_lock(self, conversation_id: str, lease_s: float) -> str | None:
         """A fencing token when this worker now holds the conversation, else None."""
         with redis_errors("taking the conversation lock"):
-            if self.client.exists(keys.lock(conversation_id)):
-                return None
-            token = str(self.client.incr(keys.fence(conversation_id)))
-            self.client.expire(keys.fence(conversation_id), self.config.stream_ttl_s)
-            ok = self.client.set(keys.lock(conversation_id), token, nx=True, px=int(lease_s * 1000))
-        return token if ok else None
+            token = self._acquire(
+                keys=[keys.lock(conversation_id), keys.fence(conversation_id)],
+                args=[int(lease_s * 1000), self.config.stream_ttl_s],
+            )
+        return _text(token) if token else None
 
     def renew_lock(self, conversation_id: str, token: str, lease_s: float) -> bool:
         with redis_errors("renewing the conversation lock"):
@@ -427,6 +438,21 @@ class RedisState:
         with redis_errors("reading metrics"):
             raw = self.client.hgetall(keys.METRICS)
         return {_text(k): float(v) for k, v in raw.items()}
+
+
+def _completed_events(stored: Iterable[bytes]) -> list[CompletedEvent]:
+    """The compactions kept in ``cw:last``, read tolerantly: one that cannot be read (written
+    by a newer version, or damaged) is left out with a warning, never fails the evaluation."""
+    out = []
+    for raw in stored:
+        try:
+            event = parse_event(raw)
+        except ValueError:
+            log.warning("ignoring an unreadable compaction event in cw:last", exc_info=True)
+            continue
+        if isinstance(event, CompletedEvent):
+            out.append(event)
+    return out
 
 
 def _snapshot_prefix(conversation_id: str) -> str:

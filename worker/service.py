@@ -21,30 +21,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Literal
 
-from worker.client import EventMismatch, apply_compaction
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost
-from worker.models import CompactionEvent
-from worker.pipeline import (
-    Adapters,
-    StoredBlob,
-    compact_if_needed,
-    elided_event,
-    evaluate,
-    evaluate_with_memo,
-    rejected_event,
-    skipped_event,
-    tokenizer_of,
-)
-from worker.recent import RecentConversations
+from worker.events import CompactionEvent, CompletedEvent, FailedEvent, rejected_event
+from worker.pipeline import Pipeline, StoredBlob
 from worker.redis_state import RedisState, Work
-from worker.snapshots import ParsedSnapshot, parse_snapshot
-from worker.summarize import Summarizer
-from worker.transcripts import TranscriptStore
+from worker.snapshots import ParsedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -66,22 +51,20 @@ Outcome = Literal[
 
 @dataclass
 class Service:
+    """The steps around the pipeline that need Redis: taking work, the lock and its lease,
+    re-runs, publishing. The pipeline owns everything in between."""
+
     settings: Settings
     state: RedisState
-    store: TranscriptStore
-    llm: Summarizer | None
+    pipeline: Pipeline
     enqueue_summarize: Callable[[str, int, float], None]  # (conversation, revision, delay_s)
     enqueue_evaluate: Callable[[str], None]
-    now: Callable[[], datetime] = lambda: datetime.now(UTC)
-    recent: RecentConversations = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.recent = RecentConversations(int(self.settings.worker.conversation_cache_mb * 2**20))
 
     # --- evaluate ----------------------------------------------------------------------------
 
     def evaluate(self, conversation_id: str, *, submitted_at: float | None = None) -> Outcome:
-        known = self.recent.stored_memo(conversation_id)
+        recent = self.pipeline.reuse.recent
+        known = recent.stored_memo(conversation_id)
         work = self.state.take_work(conversation_id, known_memo=known.digest if known else "")
         if not work.pending:
             return self._nothing_to_do(conversation_id, work)
@@ -90,34 +73,31 @@ class Service:
             counters["queue_lag_seconds_total"] = max(time.time() - submitted_at, 0.0)
             counters["queue_lag_samples_total"] = 1.0
         parsed = self._parse(conversation_id, work)
-        if isinstance(parsed, str):
-            return parsed  # type: ignore[return-value]
-        tokenizer = tokenizer_of(parsed)
+        if parsed is None:
+            return "expired" if work.payload is None else "rejected"
         stored = StoredBlob(work.memo_digest, work.memo) if work.memo_digest else None
-        evaluation, memo = evaluate_with_memo(
-            parsed, tokenizer, stored, known, self.recent.counted(conversation_id)
-        )
-        self.recent.remember_counted(conversation_id, evaluation.counted)
+        verdict = self.pipeline.evaluate(parsed, memo=stored, with_memo=True)
+        memo = verdict.memo
+        assert memo is not None
         counters.update(memo.counters())
-        elided = elided_event(parsed, evaluation, self.now())
-        if elided is not None:
+        short_ttl_s = self._evaluation_dedup_ttl_s()
+        if verdict.elided is not None:
             # Under the threshold the skipped event settles the revision at once; over it, the
             # revision stays pending until its compaction and may be evaluated again meanwhile.
-            short = not evaluation.over_threshold
             self.state.publish(
-                elided, dedup_ttl_s=self._evaluation_dedup_ttl_s() if short else None
+                verdict.elided, dedup_ttl_s=None if verdict.over_threshold else short_ttl_s
             )
-        if not evaluation.over_threshold:
+        if verdict.skipped is not None:
             counters["compactions_skipped_total"] = 1.0
             self.state.publish(
-                skipped_event(parsed, evaluation, self.now()),
+                verdict.skipped,
                 handled_revision=work.latest,
                 counters=counters,
                 memo=memo.blob,
-                memo_digest=memo.stored.digest if memo.blob and memo.stored else "",
-                dedup_ttl_s=self._evaluation_dedup_ttl_s(),
+                memo_digest=memo.digest,
+                dedup_ttl_s=short_ttl_s,
             )
-            self.recent.remember_memo(conversation_id, memo.stored)
+            recent.remember_memo(conversation_id, memo.stored)
             return "skipped"
         self.state.incr_many(counters)
         return self._hand_to_summarize(conversation_id, parsed.revision)
@@ -154,48 +134,33 @@ class Service:
             return "expired"
         return "superseded"
 
-    def _parse(self, conversation_id: str, work: Work) -> ParsedSnapshot | str:
-        """The snapshot with published compactions applied, or an outcome when there is none."""
+    def _parse(self, conversation_id: str, work: Work) -> ParsedSnapshot | None:
+        """The snapshot with published compactions applied; None when there is none to
+        evaluate (expired: settled; invalid: its rejection published)."""
         assert work.latest is not None
         if work.payload is None:
             self.state.settle_pending(conversation_id, work.latest)
-            return "expired"
+            return None
         try:
-            parsed = parse_snapshot(
-                work.payload, self.settings, earlier=self.recent.get(conversation_id)
+            return self.pipeline.parse(
+                work.payload, conversation_id=conversation_id, published=work.compactions
             )
         except InvalidSnapshot as exc:
+            event = rejected_event(
+                conversation_id,
+                work.latest,
+                self.pipeline.adapters.now(),
+                code=exc.code,
+                field=exc.field,
+                reason=exc.reason,
+                message=exc.message,
+            )
             self.state.publish(
-                rejected_event(
-                    exc, conversation_id=conversation_id, revision=work.latest, now=self.now()
-                ),
+                event,
                 handled_revision=work.latest,
                 counters={"snapshots_rejected_total": 1.0},
             )
-            return "rejected"
-        self.recent.put(parsed, len(work.payload))
-        return self._with_published_compactions(parsed, work.compactions)
-
-    def _with_published_compactions(
-        self, parsed: ParsedSnapshot, compactions: list[CompactionEvent]
-    ) -> ParsedSnapshot:
-        """Apply, in order, the compactions already published for earlier revisions that this
-        snapshot does not contain yet, so it is evaluated against the compacted history."""
-        messages = parsed.snapshot.messages
-        changed = False
-        for event in compactions:
-            if event.revision > parsed.revision:
-                continue
-            try:
-                messages = apply_compaction(messages, event)
-                changed = True
-            except EventMismatch:
-                continue  # already applied by the agent, or another branch of history
-        if not changed:
-            return parsed
-        raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
-        # Validates the ids of the result too; what precedes the compacted range is reused.
-        return parse_snapshot(raw, self.settings, earlier=parsed)
+            return None
 
     # --- summarize ---------------------------------------------------------------------------
 
@@ -228,19 +193,16 @@ class Service:
             return self._nothing_to_do(conversation_id, work)
         latest = work.latest
         parsed = self._parse(conversation_id, work)
-        if isinstance(parsed, str):
-            return parsed  # type: ignore[return-value]
-        tokenizer = tokenizer_of(parsed)
-        evaluation = evaluate(parsed, tokenizer)
-        if not evaluation.over_threshold:  # an earlier compaction already brought it under
-            self.state.publish(
-                skipped_event(parsed, evaluation, self.now()),
-                fencing_token=token,
-                handled_revision=latest,
-            )
+        if parsed is None:
+            return "expired" if work.payload is None else "rejected"
+        verdict = self.pipeline.evaluate(parsed)
+        if verdict.skipped is not None:  # an earlier compaction already brought it under
+            self.state.publish(verdict.skipped, fencing_token=token, handled_revision=latest)
             return "skipped"
         started = time.monotonic()
-        event = compact_if_needed(parsed, evaluation, tokenizer, self._adapters())
+        event = self.pipeline.compact(
+            parsed, verdict.evaluation, already_published=self.state.is_published
+        )
         if event is None:
             return "duplicate"  # redelivered after it was published: no second LLM call
         counters = _counters(event, time.monotonic() - started)
@@ -263,11 +225,6 @@ class Service:
             else ("failed" if event.type == "compaction.failed" else "skipped")
         )
 
-    def _adapters(self) -> Adapters:
-        return Adapters(
-            store=self.store, llm=self.llm, now=self.now, already_published=self.state.is_published
-        )
-
     # --- housekeeping ------------------------------------------------------------------------
 
     def reconcile(self) -> list[str]:
@@ -281,7 +238,7 @@ class Service:
 
     def prune(self, *, dry_run: bool = False) -> list[str]:
         retention = self.settings.transcripts
-        removed = self.store.prune(
+        removed = self.pipeline.adapters.store.prune(
             keep_per_conversation=self.settings.compaction.max_persisted_transcripts,
             max_age_s=retention.max_age_days * 86400 if retention.max_age_days else None,
             max_total_bytes=retention.max_total_bytes,
@@ -293,7 +250,7 @@ class Service:
 def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
     """The metric increments a compaction's outcome event carries."""
     counters = {f"compactions_{event.type.split('.')[1]}_total": 1.0}
-    if event.compaction is not None:
+    if isinstance(event, CompletedEvent):
         c = event.compaction
         counters["tokens_before_total"] = c.tokens_before
         counters["tokens_after_total"] = c.tokens_after
@@ -302,6 +259,6 @@ def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
             counters["llm_seconds_total"] = seconds
         if c.summary.fallback_reason:
             counters["llm_fallbacks_total"] = 1.0
-    if event.error is not None and event.error.code.startswith("llm"):
+    if isinstance(event, FailedEvent) and event.error.code.startswith("llm"):
         counters["llm_failures_total"] = 1.0
     return counters

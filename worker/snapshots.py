@@ -8,6 +8,7 @@ storage paths), message roles and tool-call pairing, and which settings a snapsh
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from worker import formats
 from worker.config import Settings
 from worker.errors import ConfigError, InvalidSnapshot
-from worker.models import Message, Snapshot
+from worker.models import CONVERSATION_ID_RULE, Message, Snapshot
 
 # Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
 OPERATOR_ONLY = frozenset(
@@ -62,7 +63,9 @@ def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
     except UnicodeDecodeError as exc:
         raise InvalidSnapshot("", f"not valid UTF-8 at byte {exc.start}") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except InvalidSnapshot:
+        raise
     except json.JSONDecodeError as exc:
         raise InvalidSnapshot(
             "", f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -72,6 +75,55 @@ def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
     except ValueError as exc:  # e.g. an integer beyond Python's digit limit
         raise InvalidSnapshot("", f"malformed JSON: {exc}") from None
     return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InvalidSnapshot("", f"{name} is not valid JSON (only finite numbers are)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise InvalidSnapshot("", f"number {text[:40]} is out of range (not a finite double)")
+    return value
+
+
+def encode_json(value: Mapping[str, Any]) -> bytes:
+    """A snapshot given as Python data -> its UTF-8 JSON, or InvalidSnapshot naming the first
+    field that JSON cannot carry exactly (a lone surrogate, bytes, NaN or infinity, a key that
+    is not a string)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError):
+        field, reason = _json_problem(value)
+        raise InvalidSnapshot(field, reason) from None
+
+
+def _json_problem(value: Any) -> tuple[str, str]:
+    """Where and why ``value`` is not exact JSON (a loop, not recursion: no depth limit)."""
+    pending: list[tuple[str, Any, int]] = [("", value, 0)]
+    while pending:
+        path, item, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            return path, "nested too deeply"
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return path, "text contains a lone UTF-16 surrogate (not valid Unicode)"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return path, f"{item} is not valid JSON (only finite numbers are)"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return path, f"key {key!r} is not a string"
+                pending.append((f"{path}.{key}" if path else key, child, depth + 1))
+        elif isinstance(item, list | tuple):
+            pending.extend((f"{path}[{i}]", child, depth + 1) for i, child in enumerate(item))
+        elif not (item is None or isinstance(item, bool | int)):
+            return path, f"a {type(item).__name__} is not a JSON value"
+    return "", "not JSON"
 
 
 # orjson parses snapshot bytes about three times faster than json. Where the two could differ,
@@ -131,7 +183,9 @@ def parse_snapshot(
     )
     if not isinstance(value, Mapping):
         raise InvalidSnapshot("", "a snapshot must be a JSON object")
-    if isinstance(data, Mapping) or _may_hold_surrogate(data):
+    if isinstance(data, Mapping):
+        encode_json(data)
+    elif _may_hold_surrogate(data):
         _check_text_encodable(value)
     try:
         snapshot = Snapshot.model_validate(value)
@@ -205,16 +259,18 @@ def _effective_settings(settings: Settings, snapshot: Snapshot) -> Settings:
     denied = OPERATOR_ONLY & set(snapshot.config)
     if denied:
         raise InvalidSnapshot(f"config.{sorted(denied)[0]}", "only the operator may set this")
-    for key in LOWER_ONLY & set(snapshot.config):
-        limit = getattr(settings.compaction, key)
-        value = snapshot.config[key]
-        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
-            reason = f"may only lower the operator's limit of {limit}"
-            raise InvalidSnapshot(f"config.{key}", reason)
     try:
-        return settings.with_overrides(snapshot.config, snapshot.tools)
+        effective = settings.with_overrides(snapshot.config, snapshot.tools)
     except ConfigError as exc:
         raise InvalidSnapshot(exc.key, exc.reason) from None
+    # Compared after validation, as the numbers the service will use: "999999", 999999.0 and
+    # 999999 are one value to the settings model, and each must be refused alike.
+    for key in sorted(LOWER_ONLY):
+        limit = getattr(settings.compaction, key)
+        if getattr(effective.compaction, key) > limit:
+            reason = f"may only lower the operator's limit of {limit}"
+            raise InvalidSnapshot(f"config.{key}", reason)
+    return effective
 
 
 def _snapshot_error(exc: ValidationError) -> InvalidSnapshot:
@@ -228,5 +284,5 @@ def _snapshot_error(exc: ValidationError) -> InvalidSnapshot:
     elif first["type"] == "missing":
         reason = "required field is missing"
     elif first["type"] == "string_pattern_mismatch" and field == "conversation_id":
-        reason = "must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.'"
+        reason = CONVERSATION_ID_RULE
     return InvalidSnapshot(field, reason)

@@ -12,10 +12,13 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_process_shutdown
 
-from worker.celery_app import EVALUATE_QUEUE, SUMMARIZE_QUEUE, app
+from worker.celery_app import app
 from worker.config import Settings
 from worker.errors import RedisUnavailable
+from worker.pipeline import Adapters, Pipeline
+from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE, broker_url
 from worker.redis_state import RedisState, connect
+from worker.reuse import Reuse
 from worker.service import Service
 from worker.transcripts import TranscriptStore
 
@@ -25,7 +28,8 @@ _lock = threading.Lock()
 
 
 def service() -> Service:
-    """One Service per process (created after fork: sockets and threads do not survive it)."""
+    """One Service per process (created after fork: sockets and threads do not survive it).
+    Celery's task functions cannot take it as an argument; this is the one place it is held."""
     pid = os.getpid()
     svc = _services.get(pid)
     if svc is None:
@@ -37,15 +41,17 @@ def service() -> Service:
 
 
 def _build(settings: Settings) -> Service:
-    from worker.celery_app import broker_url
     from worker.summarize_factory import llm_summarizer
 
     state = RedisState(connect(broker_url(settings)), settings.redis)
+    adapters = Adapters(
+        store=TranscriptStore(settings.compaction.transcript_dir), llm=llm_summarizer(settings)
+    )
+    reuse = Reuse(conversation_cache_bytes=int(settings.worker.conversation_cache_mb * 2**20))
     return Service(
         settings=settings,
         state=state,
-        store=TranscriptStore(settings.compaction.transcript_dir),
-        llm=llm_summarizer(settings),
+        pipeline=Pipeline(settings, adapters, reuse),
         enqueue_summarize=lambda conv, rev, delay_s: summarize.apply_async(
             args=[conv, rev], queue=SUMMARIZE_QUEUE, countdown=delay_s or None
         ),
@@ -58,8 +64,9 @@ def _build(settings: Settings) -> Service:
 @worker_process_shutdown.connect
 def _close(**_: Any) -> None:
     svc = _services.pop(os.getpid(), None)
-    if svc is not None and svc.llm is not None and hasattr(svc.llm, "close"):
-        svc.llm.close()
+    llm = svc.pipeline.adapters.llm if svc is not None else None
+    if llm is not None and hasattr(llm, "close"):
+        llm.close()
 
 
 _RETRY: dict[str, Any] = {

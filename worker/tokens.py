@@ -21,7 +21,7 @@ from typing import Protocol
 
 import tiktoken
 
-from worker.cache import ContentCache, FrontCache, content_key
+from worker.cache import ContentCache, FrontCache, Recorder, content_key
 from worker.errors import TokenizerUnavailable
 
 DEFAULT_ENCODING = "o200k_base"
@@ -44,7 +44,7 @@ _RANKS_OF = {
     "cl100k_base": "cl100k_base",
 }
 
-_lock = threading.RLock()  # tokenizer_for builds encodings while holding it
+_lock = threading.RLock()  # get_encoding builds encodings while holding it
 _encodings: dict[str, tiktoken.Encoding] = {}
 
 
@@ -153,10 +153,13 @@ class TiktokenTokenizer:
         *,
         cache_size: int = 200_000,
         front_chars: int = TEXT_FRONT_CHARS,
+        recorder: Recorder | None = None,
     ) -> None:
         self.name = encoding_name_for_model(model)
         self._encoding = get_encoding(self.name)
-        self._cache: ContentCache[int] = ContentCache(cache_size, name=f"tokens:{self.name}")
+        self._cache: ContentCache[int] = ContentCache(
+            cache_size, name=f"tokens:{self.name}", recorder=recorder
+        )
         self._front: FrontCache[str, int] = FrontCache(
             self._cache,
             max_size=front_chars,
@@ -194,19 +197,12 @@ class CharEstimateTokenizer:
         return estimate_tokens(text)
 
 
-_tokenizers: dict[str, TiktokenTokenizer] = {}
-
-
 def tokenizer_for(model: str | None, *, estimate: bool = False) -> Tokenizer:
-    """A shared tokenizer per encoding, so its cache serves every conversation in the process."""
+    """A new tokenizer for ``model`` with its own cache. A worker process keeps one per
+    encoding in its :class:`worker.reuse.Reuse`, so that the cache serves every conversation."""
     if estimate:
         return CharEstimateTokenizer()
-    name = encoding_name_for_model(model)
-    tok = _tokenizers.get(name)
-    if tok is None:
-        with _lock:
-            tok = _tokenizers.setdefault(name, TiktokenTokenizer(model))
-    return tok
+    return TiktokenTokenizer(model)
 
 
 TokenCounter = Callable[[str], int]

@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.errors import InvalidSnapshot, StorageError
-from worker.models import CONVERSATION_ID_PATTERN, MAX_REVISION, TranscriptRef
+from worker.errors import InvalidSnapshot, StorageError, TranscriptConflict
+from worker.events import TranscriptRef
+from worker.models import CONVERSATION_ID_PATTERN, MAX_REVISION
 
 _NAME = re.compile(r"(\d{18})-([0-9a-f]{16})\.json")
 _CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
@@ -181,7 +182,11 @@ def _create_durably(path: Path, payload: bytes, digest: str) -> None:
             os.link(tmp, path)  # create-only: never replaces an existing transcript
         except FileExistsError:
             if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-                raise OSError(17, f"a different transcript already exists at {path.name}") from None
+                raise TranscriptConflict(
+                    f"a different transcript already exists at {path.name}: this conversation "
+                    "and revision were compacted before with other messages; the first stays "
+                    "(transcripts are create-only); submit the edited history as a new revision"
+                ) from None
     finally:
         _remove(tmp)
     _fsync_dir(path.parent)

@@ -44,14 +44,20 @@ from worker.compress import policy, structured
 from worker.compress.node import same_json
 from worker.compress.tally import TokenTally
 from worker.errors import CompressionError
-from worker.tokens import tokenizer_for
+from worker.tokens import count_tokens
 
 __all__ = [
+    "CODECS_VERSION",
     "CompressionOutcome",
     "compress_tool_result",
     "compress_with_stats",
     "decompress_tool_result",
 ]
+
+# Bumped whenever any codec's output changes for some input: a worker caches compressed bodies
+# under this version, and a conversation's memo written by workers of another version (a rolling
+# deploy) is not taken. tests/test_compress_version.py fails when outputs change without a bump.
+CODECS_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +201,6 @@ def _tokens(output: Any, model: str | None) -> int:
     if not isinstance(output, (str, dict, list)):
         return 0
     try:
-        return tokenizer_for(model).count(codec.serialized(output))
+        return count_tokens(codec.serialized(output), model)
     except (RecursionError, ValueError):  # not JSON-writable, so it costs nothing we can count
         return 0

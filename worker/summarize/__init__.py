@@ -13,7 +13,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.models import Message, Summary
+from worker.events import Summary
+from worker.models import Message
 
 # Opens every summary message we publish; the pipeline recognizes earlier summaries by it.
 SUMMARY_MARKER = "[compaction-worker summary]"

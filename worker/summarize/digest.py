@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from worker.events import Summary
 from worker.facts import Facts, ToolAction, extract_facts, extract_paths
-from worker.models import Message, Summary
+from worker.models import Message
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.tokens import count_tokens, cut_to_tokens
 

@@ -66,7 +66,7 @@ from worker.errors import (
     LLMTransientError,
     SummaryError,
 )
-from worker.models import Summary
+from worker.events import Summary
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.summarize import llm_prompt as P
 from worker.summarize.providers import HttpCall, Prompt, Provider, provider_for
