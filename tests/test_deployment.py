@@ -21,6 +21,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from worker.celery_app import EVALUATE_QUEUE, MAINTENANCE_QUEUE, QUEUES, SUMMARIZE_QUEUE
 from worker.cli import build_parser
@@ -38,6 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+LOCK = REPO / "requirements.lock"
+PYPROJECT = REPO / "pyproject.toml"
 
 OUR_IMAGE_SERVICES = {"evaluate", "summarize", "beat", "metrics"}
 WORKER_SERVICES = {"evaluate", "summarize"}
@@ -645,12 +651,6 @@ def test_dockerfile_base_user_and_install(stages: list[list[tuple[str, str]]]) -
     assert user and user[-1] not in ("root", "0"), "the runtime runs as an unprivileged user"
     creates_user = [rest for k, rest in runtime if k == "RUN" and "useradd" in rest]
     assert len(creates_user) == 1 and user[-1] in creates_user[0]
-    installs = [
-        rest for stage in stages for k, rest in stage if k == "RUN" and "pip install" in rest
-    ]
-    assert installs == ["pip install ."], installs
-    runs = " ".join(rest for stage in stages for k, rest in stage if k == "RUN")
-    assert "[dev]" not in runs and "requirements-dev" not in runs
 
 
 def test_dockerfile_bakes_both_tokenizers(
@@ -734,6 +734,91 @@ def test_dockerignore_sends_only_what_the_build_copies(
         "worker/__pycache__/cli.cpython-311.pyc",
     ):
         assert dockerignored(patterns, private), private
+
+
+# --- requirements.lock ---------------------------------------------------------------------
+
+
+def locked_pins(text: str) -> dict[str, list[tuple[Requirement, list[str]]]]:
+    """requirements.lock as {canonical name: [(requirement, hashes)]}: one entry per line
+    (a universal lock may pin a package once per environment marker)."""
+    pins: dict[str, list[tuple[Requirement, list[str]]]] = {}
+    for entry in re.sub(r"\\\n", " ", text).splitlines():
+        entry = entry.split(" #", 1)[0].strip()
+        if not entry or entry.startswith("#"):
+            continue
+        assert not entry.startswith("-"), f"options belong on the command line: {entry!r}"
+        requirement_text, *hashes = re.split(r"\s+--hash=", entry)
+        requirement = Requirement(requirement_text)
+        pins.setdefault(canonicalize_name(requirement.name), []).append((requirement, hashes))
+    return pins
+
+
+def pinned_version(requirement: Requirement) -> Version:
+    (spec,) = requirement.specifier
+    assert spec.operator == "==" and "*" not in spec.version, f"not an exact pin: {requirement}"
+    return Version(spec.version)
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def lock() -> dict[str, list[tuple[Requirement, list[str]]]]:
+    return locked_pins(LOCK.read_text(encoding="utf-8"))
+
+
+def test_lock_pins_every_runtime_dependency_inside_pyprojects_range(
+    pyproject: dict[str, Any], lock: dict[str, list[tuple[Requirement, list[str]]]]
+) -> None:
+    """pyproject.toml keeps compatible ranges; the lock picks one version of each, inside the
+    range, with the sha256 of its files. The Dockerfile builds the package with the locked
+    setuptools (--no-build-isolation), so the build requirements must be locked too."""
+    for entry in lock.values():
+        for requirement, hashes in entry:
+            pinned_version(requirement)
+            assert hashes and all(h.startswith("sha256:") for h in hashes), requirement.name
+    required = [Requirement(r) for r in pyproject["project"]["dependencies"]]
+    required += [Requirement(r) for r in pyproject["build-system"]["requires"]]
+    assert required
+    for wanted in required:
+        entries = lock.get(canonicalize_name(wanted.name))
+        assert entries, f"{wanted.name} is not in requirements.lock: run `make lock`"
+        for requirement, _ in entries:
+            version = pinned_version(requirement)
+            assert wanted.specifier.contains(version, prereleases=True), (
+                f"{wanted.name}=={version} is outside pyproject's {wanted.specifier}: "
+                "run `make lock`"
+            )
+    for tool in ("pytest", "hypothesis", "ruff", "mypy", "check-jsonschema"):
+        assert tool not in lock, "the lock is for production: no [dev] extras"
+    assert canonicalize_name(pyproject["project"]["name"]) not in lock
+
+
+def test_locked_pins_are_checked_against_the_range() -> None:
+    """The check above fails on a pin outside pyproject's range, and on a loose pin."""
+    ((requirement, _),) = locked_pins("redis==4.6.0 \\\n    --hash=sha256:00\n")["redis"]
+    assert not Requirement("redis>=5.0,<9").specifier.contains(pinned_version(requirement))
+    with pytest.raises(AssertionError):
+        pinned_version(Requirement("redis>=5.0"))
+
+
+def test_dockerfile_installs_from_the_lock_file(stages: list[list[tuple[str, str]]]) -> None:
+    (build,) = [stage for stage in stages if " AS build" in stage[0][1]]
+    runs = [(i, rest) for i, (k, rest) in enumerate(build) if k == "RUN" and "pip install" in rest]
+    assert [rest for _, rest in runs] == [
+        f"pip install --require-hashes -r {LOCK.name}",
+        "pip install --no-deps --no-build-isolation .",
+    ]
+    copies = {shlex.split(rest)[0]: i for i, (k, rest) in enumerate(build) if k == "COPY"}
+    (locked_at, _), (package_at, _) = runs
+    assert copies[LOCK.name] < locked_at < copies["worker"] < package_at, (
+        "the dependencies' layer must not depend on the code"
+    )
+    runs_all = " ".join(rest for stage in stages for k, rest in stage if k == "RUN")
+    assert "[dev]" not in runs_all and "requirements-dev" not in runs_all
 
 
 # --- every command the files run exists ----------------------------------------------------
