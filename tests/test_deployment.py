@@ -43,6 +43,7 @@ COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 LOCK = REPO / "requirements.lock"
+README = REPO / "README.md"
 PYPROJECT = REPO / "pyproject.toml"
 
 OUR_IMAGE_SERVICES = {"evaluate", "summarize", "beat", "metrics"}
@@ -497,6 +498,42 @@ def test_published_ports_are_loopback_only(services: dict[str, dict[str, Any]]) 
             assert host_ip == "127.0.0.1" and rest.count(":") == 1, f"{name}: {port!r}"
     for name, service in services.items():
         assert service.get("network_mode") != "host", name
+
+
+def published(service: dict[str, Any], container_port: str) -> tuple[str, str]:
+    """(host address, host port) that ``container_port`` is published on."""
+    found = [p.rsplit(":", 2) for p in service["ports"] if p.endswith(f":{container_port}")]
+    assert len(found) == 1, f"{container_port} is published {len(found)} times"
+    host_ip, host_port, _ = found[0]
+    return host_ip, host_port
+
+
+def test_readme_ports_are_the_compose_files(services: dict[str, dict[str, Any]]) -> None:
+    """README's Deployment section says where Prometheus and Flower listen on the host; the
+    compose file serves, publishes and health-checks exactly there (with no host variables
+    set), and the Dockerfile exposes nothing else."""
+    readme = README.read_text(encoding="utf-8")
+    (metrics_at,) = re.findall(r"Prometheus metrics on\s+(127\.0\.0\.1:\d+)", readme)
+    (flower_at,) = re.findall(r"Flower on\s+(127\.0\.0\.1:\d+)", readme)
+
+    metrics = services["metrics"]
+    port = option(command_argv(metrics["command"]), "--serve")
+    assert ":".join(published(metrics, port)) == metrics_at
+    check = healthcheck_argv(metrics["healthcheck"]["test"])
+    assert f"'http://127.0.0.1:{port}/metrics'" in check[-1]
+
+    flower = services["flower"]
+    flower_port = option(command_argv(flower["command"]), "--port")
+    assert ":".join(published(flower, flower_port)) == flower_at
+    assert f"127.0.0.1:{flower_port}/" in healthcheck_argv(flower["healthcheck"]["test"])[-1]
+
+    exposed = [
+        rest
+        for stage in dockerfile_stages(DOCKERFILE.read_text(encoding="utf-8"))
+        for keyword, rest in stage
+        if keyword == "EXPOSE"
+    ]
+    assert all(p.split("/")[0] == port for e in exposed for p in e.split()), exposed
 
 
 def test_redis_is_durable_and_never_evicts(compose: dict[str, Any], services: Any) -> None:
