@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,3 +25,13 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) transcripts .pytest_cache .mypy_cache .ruff_cache
+
+# requirements.lock: every runtime dependency pinned with hashes, for the Docker image (and any
+# reproducible deployment). Resolved for every platform from Python 3.11 on; keeps the current
+# pins that pyproject.toml still allows (LOCK_FLAGS=--upgrade moves to the newest allowed).
+UV_VERSION := 0.13.8
+LOCK_FLAGS ?=
+lock: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes \
+		--custom-compile-command "make lock" --output-file requirements.lock $(LOCK_FLAGS)

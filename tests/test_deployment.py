@@ -6,29 +6,32 @@ parser and run as ``python -m worker ... --help``; each ``celery -A worker`` lin
 ``python -m celery -A worker ... --help`` (which imports our Celery app); the Dockerfile's
 tokenizer step is executed for real. None of it needs Redis.
 
-PyYAML is not a dependency, so the compose file is read by ``load_yaml_subset`` below: a strict
-loader for the YAML subset the file keeps to (block mappings and sequences, one-line flow
-sequences, quoted and plain scalars, anchors, aliases and ``<<`` merge keys). Anything outside
-that subset, and every plain scalar YAML could read as something other than a string, int, bool
-or null (``yes``, ``6379:6379``, ``1.5``, ``010`` ...), is an error, not a guess. Where PyYAML
-happens to be importable, the two loaders must agree.
+The compose file is read with PyYAML (refusing duplicate keys and plain scalars that YAML 1.1
+and Compose's YAML 1.2 read differently) and validated against the Compose Specification's
+JSON Schema, which the check-jsonschema package ships (so the check needs no network); the
+tests below add what the schema cannot know: this project's services, Redis durability,
+loopback-only ports, queues, health checks, secrets and interpolation.
 """
 
 from __future__ import annotations
 
-import copy
-import importlib.util
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from worker.celery_app import EVALUATE_QUEUE, MAINTENANCE_QUEUE, QUEUES, SUMMARIZE_QUEUE
 from worker.cli import build_parser
@@ -39,6 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+LOCK = REPO / "requirements.lock"
+README = REPO / "README.md"
+PYPROJECT = REPO / "pyproject.toml"
 
 OUR_IMAGE_SERVICES = {"evaluate", "summarize", "beat", "metrics"}
 WORKER_SERVICES = {"evaluate", "summarize"}
@@ -47,227 +53,97 @@ REDIS_URL = "redis://redis:6379/0"
 CONTAINER_HOSTNAME = "c0ffee123456"  # stands in for $HOSTNAME inside a container
 
 
-# --- a strict loader for the YAML subset docker-compose.yml uses ---------------------------
+# --- reading docker-compose.yml: PyYAML, strictly, and the Compose Specification's schema ---
 
 
-class YamlSubsetError(ValueError):
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(f"line {line}: {message}")
+class ComposeYamlError(ValueError):
+    pass
 
 
-_KEY = re.compile(r"""([A-Za-z0-9_.<][A-Za-z0-9_.<-]*|"[^"\\]*"|'[^']*'):(?: +(.*))?$""")
-_ANCHOR = re.compile(r"[&*]([A-Za-z0-9_-]+)")
-_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
-# Plain scalars that YAML 1.1 (PyYAML) or 1.2 would read as something else than our reading.
-_AMBIGUOUS = re.compile(
-    r"""(?ix)
-    (y|n|yes|no|on|off)                                  # YAML 1.1 booleans
-    | [-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)(e[-+]?[0-9]+)?   # floats, 010, 1_000
-    | [-+]?\.(inf|nan)
-    | [-+]?0[xob][0-9a-f_]+                              # hex, octal, binary
-    | [-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?      # sexagesimal: 6379:6379, 1:30
-    | [0-9]{4}-[0-9]{1,2}-[0-9]{1,2}.*                   # timestamps
-    | = | <<
-    """
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (anchors, aliases, ``<<`` merges) with two refusals where PyYAML
+    and Compose would read the same text differently: a duplicate key (PyYAML silently keeps
+    the last; Compose rejects the file), and a plain scalar that YAML 1.1 (PyYAML) resolves to
+    something other than what YAML 1.2 (Compose) reads, such as ``22:22`` (1342 in YAML 1.1),
+    ``yes``, ``010`` or ``1.5``. Only decimal integers, ``true``/``false`` and ``null`` may be
+    unquoted non-strings; quote anything else."""
+
+
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_PLAIN_NON_STRINGS = {
+    "tag:yaml.org,2002:merge": {"<<"},
+    "tag:yaml.org,2002:bool": {"true", "True", "TRUE", "false", "False", "FALSE"},
+    "tag:yaml.org,2002:null": {"", "~", "null", "Null", "NULL"},
+}
+
+
+def _construct_strict_mapping(
+    loader: StrictLoader, node: yaml.MappingNode, deep: bool = False
+) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # merged keys may be overridden: that is what a merge is for
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise ComposeYamlError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r}")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_strict_mapping,
 )
 
 
-def _strip_comment(raw: str, line: int) -> str:
-    """``raw`` without its ``#`` comment; quotes open only where a scalar can start."""
-    quote = ""
-    i = 0
-    while i < len(raw):
-        char = raw[i]
-        if quote == '"':
-            if char == "\\":
-                i += 1
-            elif char == '"':
-                quote = ""
-        elif quote == "'":
-            if char == "'":
-                if raw[i + 1 : i + 2] == "'":
-                    i += 1
-                else:
-                    quote = ""
-        elif char in "\"'" and (i == 0 or raw[i - 1] in " [,"):
-            quote = char
-        elif char == "#" and (i == 0 or raw[i - 1] == " "):
-            return raw[:i]
-        i += 1
-    if quote:
-        raise YamlSubsetError(line, "unterminated quoted scalar (multi-line scalars unsupported)")
-    return raw
+def _check_plain_scalars(node: yaml.Node) -> None:
+    if isinstance(node, yaml.ScalarNode):
+        if node.style is not None or node.tag == "tag:yaml.org,2002:str":
+            return
+        if node.tag == "tag:yaml.org,2002:int" and _DECIMAL.fullmatch(node.value):
+            return
+        if node.value in _PLAIN_NON_STRINGS.get(node.tag, ()):
+            return
+        raise ComposeYamlError(
+            f"line {node.start_mark.line + 1}: YAML 1.1 reads {node.value!r} as {node.tag}, "
+            "Compose may not: quote it"
+        )
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_plain_scalars(item)
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            _check_plain_scalars(key)
+            _check_plain_scalars(value)
 
 
-def _scalar(text: str, line: int) -> Any:
-    if text.startswith('"'):
-        try:
-            return json.loads(text)  # JSON's string escapes are a subset of YAML's
-        except json.JSONDecodeError as exc:
-            raise YamlSubsetError(line, f"bad double-quoted scalar {text!r}: {exc}") from None
-    if text.startswith("'"):
-        inner = text[1:-1]
-        if len(text) < 2 or not text.endswith("'") or "'" in inner.replace("''", ""):
-            raise YamlSubsetError(line, f"bad single-quoted scalar {text!r}")
-        return inner.replace("''", "'")
-    if text[0] in "[]{},#&*!|>%@`" or (text[0] in "-?:" and text[1:2] in ("", " ")):
-        raise YamlSubsetError(line, f"unsupported YAML syntax {text!r}")
-    if ": " in text or text.endswith(":") or " #" in text:
-        raise YamlSubsetError(line, f"ambiguous plain scalar {text!r}: quote it")
-    if text in ("null", "Null", "NULL", "~"):
-        return None
-    if text in ("true", "True", "TRUE", "false", "False", "FALSE"):
-        return text.lower() == "true"
-    if _INT.fullmatch(text):
-        return int(text)
-    if _AMBIGUOUS.fullmatch(text):
-        raise YamlSubsetError(line, f"YAML may not read {text!r} as a string: quote it")
-    return text
+def load_compose_yaml(text: str) -> Any:
+    """The document as Compose reads it, or :class:`ComposeYamlError` (or a
+    :class:`yaml.YAMLError` for text that is no YAML at all)."""
+    node = yaml.compose(text, Loader=StrictLoader)
+    if node is not None:
+        _check_plain_scalars(node)
+    return yaml.load(text, Loader=StrictLoader)
 
 
-def _flow_sequence(text: str, line: int) -> list[Any]:
-    """A one-line ``[a, "b", 'c']`` of scalars."""
-    items: list[Any] = []
-    i = 1
-    while True:
-        while text[i : i + 1] == " ":
-            i += 1
-        if text[i : i + 1] == "]" and not items:
-            i += 1
-            break
-        start = i
-        if text[i : i + 1] == '"':
-            i += 1
-            while i < len(text) and text[i] != '"':
-                i += 2 if text[i] == "\\" else 1
-            i += 1
-        elif text[i : i + 1] == "'":
-            i += 1
-            while i < len(text) and not (text[i] == "'" and text[i + 1 : i + 2] != "'"):
-                i += 2 if text[i] == "'" else 1
-            i += 1
-        else:
-            while i < len(text) and text[i] not in ",]":
-                i += 1
-        token = text[start:i].strip()
-        if not token:
-            raise YamlSubsetError(line, f"empty item in flow sequence {text!r}")
-        if token[0] in "[{":
-            raise YamlSubsetError(line, "nested flow collections unsupported")
-        items.append(_scalar(token, line))
-        while text[i : i + 1] == " ":
-            i += 1
-        if text[i : i + 1] == ",":
-            i += 1
-            continue
-        if text[i : i + 1] == "]":
-            i += 1
-            break
-        raise YamlSubsetError(line, f"malformed flow sequence {text!r}")
-    if text[i:].strip():
-        raise YamlSubsetError(line, f"text after flow sequence: {text[i:]!r}")
-    return items
+def compose_schema() -> dict[str, Any]:
+    """The Compose Specification's JSON Schema (compose-spec/compose-spec,
+    ``schema/compose-spec.json``, Apache-2.0), as vendored in the check-jsonschema package:
+    available offline, and refreshed by each check-jsonschema release."""
+    from check_jsonschema.builtin_schemas import get_builtin_schema
+
+    schema = get_builtin_schema("vendor.compose-spec")
+    assert schema.get("title") == "Compose Specification", schema.get("title")
+    return schema
 
 
-class _Loader:
-    def __init__(self, text: str) -> None:
-        self.lines: list[tuple[int, int, str]] = []  # (line number, indent, content)
-        self.anchors: dict[str, Any] = {}
-        self.pos = 0
-        for number, raw in enumerate(text.splitlines(), 1):
-            if "\t" in raw:
-                raise YamlSubsetError(number, "tab character")
-            if raw.startswith(("%", "---", "...")):
-                raise YamlSubsetError(number, "directives and document markers unsupported")
-            content = _strip_comment(raw, number).rstrip()
-            if content.strip():
-                indent = len(content) - len(content.lstrip(" "))
-                self.lines.append((number, indent, content.strip()))
-
-    def document(self) -> Any:
-        if not self.lines:
-            return None
-        value = self.block(self.lines[0][1])
-        if self.pos != len(self.lines):
-            raise YamlSubsetError(self.lines[self.pos][0], "unexpected dedent")
-        return value
-
-    def block(self, indent: int) -> Any:
-        text = self.lines[self.pos][2]
-        if text == "-" or text.startswith("- "):
-            return self.sequence(indent)
-        return self.mapping(indent)
-
-    def mapping(self, indent: int) -> dict[Any, Any]:
-        out: dict[Any, Any] = {}
-        merges: list[dict[Any, Any]] = []
-        while self.pos < len(self.lines):
-            number, ind, text = self.lines[self.pos]
-            if ind < indent:
-                break
-            if ind > indent:
-                raise YamlSubsetError(number, "unexpected indentation")
-            match = _KEY.match(text)
-            if match is None:
-                raise YamlSubsetError(number, f"expected `key: value`, got {text!r}")
-            raw_key = match.group(1)
-            key: Any = raw_key if raw_key == "<<" else _scalar(raw_key, number)
-            self.pos += 1
-            value = self.value(match.group(2) or "", indent, number)
-            if key == "<<":
-                if not isinstance(value, dict):
-                    raise YamlSubsetError(number, "a merge key takes one aliased mapping")
-                merges.append(value)
-            elif key in out:
-                raise YamlSubsetError(number, f"duplicate key {key!r}")
-            else:
-                out[key] = value
-        for merged in merges:  # explicit keys win; earlier merges win over later ones
-            for key, value in merged.items():
-                out.setdefault(key, copy.deepcopy(value))
-        return out
-
-    def sequence(self, indent: int) -> list[Any]:
-        out: list[Any] = []
-        while self.pos < len(self.lines):
-            number, ind, text = self.lines[self.pos]
-            if ind < indent:
-                break
-            if ind > indent or not (text == "-" or text.startswith("- ")):
-                raise YamlSubsetError(number, "expected a `- item` line")
-            rest = text[1:].strip()
-            if not rest or _KEY.match(rest):
-                raise YamlSubsetError(number, "only scalars and flow sequences in block lists")
-            self.pos += 1
-            out.append(self.value(rest, indent, number))
-        return out
-
-    def value(self, text: str, indent: int, number: int) -> Any:
-        anchor = None
-        if text.startswith("&"):
-            match = _ANCHOR.match(text)
-            if match is None:
-                raise YamlSubsetError(number, f"bad anchor {text!r}")
-            anchor, text = match.group(1), text[match.end() :].strip()
-        if not text:
-            nested = self.pos < len(self.lines) and self.lines[self.pos][1] > indent
-            value = self.block(self.lines[self.pos][1]) if nested else None
-        elif text.startswith("*"):
-            match = _ANCHOR.fullmatch(text)
-            if match is None or match.group(1) not in self.anchors:
-                raise YamlSubsetError(number, f"unknown alias {text!r}")
-            value = copy.deepcopy(self.anchors[match.group(1)])
-        elif text.startswith("["):
-            value = _flow_sequence(text, number)
-        else:
-            value = _scalar(text, number)
-        if anchor is not None:
-            self.anchors[anchor] = value
-        return value
-
-
-def load_yaml_subset(text: str) -> Any:
-    return _Loader(text).document()
+def schema_errors(validator: Any, document: Any) -> list[str]:
+    """Every violation, as ``path: message``; empty when the document is valid."""
+    return sorted(
+        f"{'/'.join(map(str, error.absolute_path)) or '(top level)'}: {error.message}"
+        for error in validator.iter_errors(document)
+    )
 
 
 # --- compose semantics: interpolation and command lines ------------------------------------
@@ -435,9 +311,17 @@ def dockerignored(patterns: list[str], path: str) -> bool:
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    doc = load_yaml_subset(COMPOSE.read_text(encoding="utf-8"))
+    doc = load_compose_yaml(COMPOSE.read_text(encoding="utf-8"))
     assert isinstance(doc, dict)
     return doc
+
+
+@pytest.fixture(scope="module")
+def compose_validator() -> Any:
+    schema = compose_schema()
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
 
 
 @pytest.fixture(scope="module")
@@ -468,83 +352,110 @@ def worker_argv(service: dict[str, Any]) -> list[str]:
     return argv
 
 
-# --- the YAML subset loader itself ---------------------------------------------------------
+# --- reading the compose file -----------------------------------------------------------
 
 
-def test_yaml_subset_loader_reads_what_yaml_means() -> None:
+def test_loader_reads_anchors_merges_and_quoted_scalars() -> None:
     text = """\
-# comment
 x-base: &base
   image: "img:1"     # trailing comment
   env:
     A: 'it''s'
     B: ${B:-}
-    C:
-  list:
-    - one
-    - "two # not a comment"
 svc:
   <<: *base
   image: other
-  test: ["CMD-SHELL", "echo \\"hi\\" || exit 1", plain]
+  ports: ["127.0.0.1:22:22"]
   count: 3
   flag: true
-  empty: []
+  empty:
 """
-    assert load_yaml_subset(text) == {
-        "x-base": {
-            "image": "img:1",
-            "env": {"A": "it's", "B": "${B:-}", "C": None},
-            "list": ["one", "two # not a comment"],
-        },
-        "svc": {
-            "image": "other",
-            "env": {"A": "it's", "B": "${B:-}", "C": None},
-            "list": ["one", "two # not a comment"],
-            "test": ["CMD-SHELL", 'echo "hi" || exit 1', "plain"],
-            "count": 3,
-            "flag": True,
-            "empty": [],
-        },
+    assert load_compose_yaml(text)["svc"] == {
+        "image": "other",
+        "env": {"A": "it's", "B": "${B:-}"},
+        "ports": ["127.0.0.1:22:22"],
+        "count": 3,
+        "flag": True,
+        "empty": None,
     }
 
 
 @pytest.mark.parametrize(
     "text",
     [
-        "a:\n\tb: 1",  # tab
-        "a: yes",  # YAML 1.1 boolean
-        "ports:\n  - 22:22",  # a sexagesimal integer (1342) in YAML 1.1
+        "a: 1\na: 2",  # PyYAML would keep 2; Compose rejects the file
+        "s:\n  image: x\n  image: y",
+        "a: yes",  # a YAML 1.1 boolean, a string in YAML 1.2
+        "ports:\n  - 22:22",  # sexagesimal 1342 in YAML 1.1
         "a: 1.5",
         "a: 010",  # octal in YAML 1.1
         "a: 0x1f",
+        "a: 1_000",
         "a: 2026-01-01",
-        "a: 1\na: 2",  # duplicate key
-        "a: *nowhere",
-        "a: |\n  text",  # block scalar
-        "a: {b: 1}",  # flow mapping
-        'a: "open',
-        "a:\n  - b: 1",  # mapping inside a sequence
-        "a: b: c",
-        "a:\n    b: 1\n  c: 2",  # inconsistent indentation
-        "a: [b, [c]]",
-        "a: !!str b",
     ],
 )
-def test_yaml_subset_loader_rejects_what_it_does_not_support(text: str) -> None:
-    with pytest.raises(YamlSubsetError):
-        load_yaml_subset(text)
+def test_loader_rejects_what_pyyaml_and_compose_read_differently(text: str) -> None:
+    with pytest.raises(ComposeYamlError):
+        load_compose_yaml(text)
 
 
-def test_compose_file_parses_the_same_with_pyyaml_where_installed() -> None:
-    """PyYAML is not a dependency; where it is importable anyway, both loaders must agree."""
-    text = COMPOSE.read_text(encoding="utf-8")
-    ours = load_yaml_subset(text)
-    assert isinstance(ours, dict) and "services" in ours
-    if importlib.util.find_spec("yaml") is not None:
-        import yaml
+def test_compose_file_follows_the_compose_specification(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], compose_validator: Any
+) -> None:
+    """As written (Compose validates the merged document) and with the defaults filled in."""
+    assert schema_errors(compose_validator, compose) == []
+    assert schema_errors(compose_validator, {**compose, "services": services}) == []
 
-        assert yaml.safe_load(text) == ours
+
+VALID_SERVICE = "services:\n  web:\n    image: nginx:1\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (VALID_SERVICE + "    comand: nginx -g daemon\n", "services/web"),  # a typo
+        (VALID_SERVICE + "    ports: 8080\n", "services/web/ports"),
+        (
+            VALID_SERVICE + "    ports:\n      - {target: 80, publish: 8080}\n",
+            "services/web/ports/0",
+        ),
+        (VALID_SERVICE + "    healthcheck:\n      test: 1\n", "services/web/healthcheck/test"),
+        (
+            VALID_SERVICE + "    restart: unless-stopped\n    deploy:\n      replicas: [1]\n",
+            "services/web/deploy/replicas",
+        ),
+        (
+            VALID_SERVICE + "    depends_on:\n      db:\n        condition: healthy\n",
+            "services/web/depends_on",
+        ),
+        (VALID_SERVICE + "volumes: [data]\n", "volumes"),
+        (VALID_SERVICE + "service: {}\n", "(top level)"),
+        ("services: []\n", "services"),
+    ],
+)
+def test_the_schema_check_rejects_an_invalid_compose_file(
+    text: str, where: str, compose_validator: Any
+) -> None:
+    assert schema_errors(compose_validator, load_compose_yaml(VALID_SERVICE)) == []
+    errors = schema_errors(compose_validator, load_compose_yaml(text))
+    assert errors, text
+    assert any(error.startswith(f"{where}: ") for error in errors), errors
+
+
+def test_the_schema_check_rejects_a_broken_copy_of_our_compose_file(
+    compose: dict[str, Any], compose_validator: Any
+) -> None:
+    broken = json.loads(json.dumps(compose))  # a deep copy that shares no merged mapping
+    broken["services"]["evaluate"]["stop_grace_period"] = {"seconds": 130}
+    broken["services"]["redis"]["healthcheck"]["retries"] = [30]
+    broken["volumes"]["transcripts"] = {"drvier": "local"}
+    errors = schema_errors(compose_validator, broken)
+    for where in (
+        "services/evaluate/stop_grace_period",
+        "services/redis/healthcheck/retries",
+        "volumes/transcripts",
+    ):
+        assert any(error.startswith(f"{where}: ") for error in errors), (where, errors)
 
 
 # --- docker-compose.yml --------------------------------------------------------------------
@@ -573,6 +484,56 @@ def test_services_and_roles(services: dict[str, dict[str, Any]]) -> None:
     flower_argv = command_argv(flower["command"])
     assert flower_argv[0] == "celery" and "flower" in flower_argv
     assert option(flower_argv, "--broker") == REDIS_URL
+
+
+def test_published_ports_are_loopback_only(services: dict[str, dict[str, Any]]) -> None:
+    """No service has authentication on its published port (Redis, metrics, Flower), so each
+    binds the host's loopback address only."""
+    published = {name: service["ports"] for name, service in services.items() if "ports" in service}
+    assert set(published) == {"redis", "metrics", "flower"}
+    for name, ports in published.items():
+        for port in ports:
+            assert isinstance(port, str), f"{name}: use the short form HOST_IP:HOST:CONTAINER"
+            host_ip, _, rest = port.partition(":")
+            assert host_ip == "127.0.0.1" and rest.count(":") == 1, f"{name}: {port!r}"
+    for name, service in services.items():
+        assert service.get("network_mode") != "host", name
+
+
+def published(service: dict[str, Any], container_port: str) -> tuple[str, str]:
+    """(host address, host port) that ``container_port`` is published on."""
+    found = [p.rsplit(":", 2) for p in service["ports"] if p.endswith(f":{container_port}")]
+    assert len(found) == 1, f"{container_port} is published {len(found)} times"
+    host_ip, host_port, _ = found[0]
+    return host_ip, host_port
+
+
+def test_readme_ports_are_the_compose_files(services: dict[str, dict[str, Any]]) -> None:
+    """README's Deployment section says where Prometheus and Flower listen on the host; the
+    compose file serves, publishes and health-checks exactly there (with no host variables
+    set), and the Dockerfile exposes nothing else."""
+    readme = README.read_text(encoding="utf-8")
+    (metrics_at,) = re.findall(r"Prometheus metrics on\s+(127\.0\.0\.1:\d+)", readme)
+    (flower_at,) = re.findall(r"Flower on\s+(127\.0\.0\.1:\d+)", readme)
+
+    metrics = services["metrics"]
+    port = option(command_argv(metrics["command"]), "--serve")
+    assert ":".join(published(metrics, port)) == metrics_at
+    check = healthcheck_argv(metrics["healthcheck"]["test"])
+    assert f"'http://127.0.0.1:{port}/metrics'" in check[-1]
+
+    flower = services["flower"]
+    flower_port = option(command_argv(flower["command"]), "--port")
+    assert ":".join(published(flower, flower_port)) == flower_at
+    assert f"127.0.0.1:{flower_port}/" in healthcheck_argv(flower["healthcheck"]["test"])[-1]
+
+    exposed = [
+        rest
+        for stage in dockerfile_stages(DOCKERFILE.read_text(encoding="utf-8"))
+        for keyword, rest in stage
+        if keyword == "EXPOSE"
+    ]
+    assert all(p.split("/")[0] == port for e in exposed for p in e.split()), exposed
 
 
 def test_redis_is_durable_and_never_evicts(compose: dict[str, Any], services: Any) -> None:
@@ -727,12 +688,6 @@ def test_dockerfile_base_user_and_install(stages: list[list[tuple[str, str]]]) -
     assert user and user[-1] not in ("root", "0"), "the runtime runs as an unprivileged user"
     creates_user = [rest for k, rest in runtime if k == "RUN" and "useradd" in rest]
     assert len(creates_user) == 1 and user[-1] in creates_user[0]
-    installs = [
-        rest for stage in stages for k, rest in stage if k == "RUN" and "pip install" in rest
-    ]
-    assert installs == ["pip install ."], installs
-    runs = " ".join(rest for stage in stages for k, rest in stage if k == "RUN")
-    assert "[dev]" not in runs and "requirements-dev" not in runs
 
 
 def test_dockerfile_bakes_both_tokenizers(
@@ -816,6 +771,91 @@ def test_dockerignore_sends_only_what_the_build_copies(
         "worker/__pycache__/cli.cpython-311.pyc",
     ):
         assert dockerignored(patterns, private), private
+
+
+# --- requirements.lock ---------------------------------------------------------------------
+
+
+def locked_pins(text: str) -> dict[str, list[tuple[Requirement, list[str]]]]:
+    """requirements.lock as {canonical name: [(requirement, hashes)]}: one entry per line
+    (a universal lock may pin a package once per environment marker)."""
+    pins: dict[str, list[tuple[Requirement, list[str]]]] = {}
+    for entry in re.sub(r"\\\n", " ", text).splitlines():
+        entry = entry.split(" #", 1)[0].strip()
+        if not entry or entry.startswith("#"):
+            continue
+        assert not entry.startswith("-"), f"options belong on the command line: {entry!r}"
+        requirement_text, *hashes = re.split(r"\s+--hash=", entry)
+        requirement = Requirement(requirement_text)
+        pins.setdefault(canonicalize_name(requirement.name), []).append((requirement, hashes))
+    return pins
+
+
+def pinned_version(requirement: Requirement) -> Version:
+    (spec,) = requirement.specifier
+    assert spec.operator == "==" and "*" not in spec.version, f"not an exact pin: {requirement}"
+    return Version(spec.version)
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def lock() -> dict[str, list[tuple[Requirement, list[str]]]]:
+    return locked_pins(LOCK.read_text(encoding="utf-8"))
+
+
+def test_lock_pins_every_runtime_dependency_inside_pyprojects_range(
+    pyproject: dict[str, Any], lock: dict[str, list[tuple[Requirement, list[str]]]]
+) -> None:
+    """pyproject.toml keeps compatible ranges; the lock picks one version of each, inside the
+    range, with the sha256 of its files. The Dockerfile builds the package with the locked
+    setuptools (--no-build-isolation), so the build requirements must be locked too."""
+    for entry in lock.values():
+        for requirement, hashes in entry:
+            pinned_version(requirement)
+            assert hashes and all(h.startswith("sha256:") for h in hashes), requirement.name
+    required = [Requirement(r) for r in pyproject["project"]["dependencies"]]
+    required += [Requirement(r) for r in pyproject["build-system"]["requires"]]
+    assert required
+    for wanted in required:
+        entries = lock.get(canonicalize_name(wanted.name))
+        assert entries, f"{wanted.name} is not in requirements.lock: run `make lock`"
+        for requirement, _ in entries:
+            version = pinned_version(requirement)
+            assert wanted.specifier.contains(version, prereleases=True), (
+                f"{wanted.name}=={version} is outside pyproject's {wanted.specifier}: "
+                "run `make lock`"
+            )
+    for tool in ("pytest", "hypothesis", "ruff", "mypy", "check-jsonschema"):
+        assert tool not in lock, "the lock is for production: no [dev] extras"
+    assert canonicalize_name(pyproject["project"]["name"]) not in lock
+
+
+def test_locked_pins_are_checked_against_the_range() -> None:
+    """The check above fails on a pin outside pyproject's range, and on a loose pin."""
+    ((requirement, _),) = locked_pins("redis==4.6.0 \\\n    --hash=sha256:00\n")["redis"]
+    assert not Requirement("redis>=5.0,<9").specifier.contains(pinned_version(requirement))
+    with pytest.raises(AssertionError):
+        pinned_version(Requirement("redis>=5.0"))
+
+
+def test_dockerfile_installs_from_the_lock_file(stages: list[list[tuple[str, str]]]) -> None:
+    (build,) = [stage for stage in stages if " AS build" in stage[0][1]]
+    runs = [(i, rest) for i, (k, rest) in enumerate(build) if k == "RUN" and "pip install" in rest]
+    assert [rest for _, rest in runs] == [
+        f"pip install --require-hashes -r {LOCK.name}",
+        "pip install --no-deps --no-build-isolation .",
+    ]
+    copies = {shlex.split(rest)[0]: i for i, (k, rest) in enumerate(build) if k == "COPY"}
+    (locked_at, _), (package_at, _) = runs
+    assert copies[LOCK.name] < locked_at < copies["worker"] < package_at, (
+        "the dependencies' layer must not depend on the code"
+    )
+    runs_all = " ".join(rest for stage in stages for k, rest in stage if k == "RUN")
+    assert "[dev]" not in runs_all and "requirements-dev" not in runs_all
 
 
 # --- every command the files run exists ----------------------------------------------------

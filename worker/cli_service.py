@@ -130,17 +130,19 @@ def running_services(
     """Redis (embedded when no URL is configured), an evaluate worker, a summarize worker and
     the scheduler, until the block ends. Yields the Redis URL."""
     from worker.config import redis_url
-    from worker.embedded import EmbeddedRedis
+    from worker.embedded import PRIVATE_UMASK, EmbeddedRedis
 
     embedded = None
     url = redis_url(settings)
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: Redis data, logs, schedule
     if url is None:
         embedded = EmbeddedRedis(directory=workdir / "redis", appendonly=True, port=redis_port)
-        (workdir / "redis").mkdir(parents=True, exist_ok=True)
+        (workdir / "redis").mkdir(mode=0o700, exist_ok=True)
         url = embedded.start()
     env = _child_env(config, url)
     logs = workdir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(mode=0o700, exist_ok=True)
+    logs.chmod(0o700)  # also when an earlier run made it
     specs = [
         (
             "evaluate",
@@ -169,10 +171,17 @@ def running_services(
     children = []
     try:
         for role, cmd in specs:
-            out = (logs / f"{role}.log").open("ab")
+            log = os.open(logs / f"{role}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.fchmod(log, 0o600)
+            out = os.fdopen(log, "ab")
             children.append(
                 subprocess.Popen(
-                    cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                    cmd,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    umask=PRIVATE_UMASK,  # beat's schedule file, and whatever else they write
                 )
             )
         yield url

@@ -20,6 +20,10 @@ import redis
 
 from worker.errors import CompactorError
 
+# The umask of every process the service starts: what they create is 0600 (files) and 0700
+# (directories), readable by the service's user alone.
+PRIVATE_UMASK = 0o077
+
 
 def redis_server_binary() -> str:
     try:
@@ -91,8 +95,17 @@ class EmbeddedRedis:
         ]
         if self.password:
             args += ["--requirepass", self.password]
+        # The AOF holds snapshots and events: the directory is the owner's alone, and redis-server
+        # creates every file in it (AOF, rewrites, log) 0600 and directory 0700, whatever the
+        # caller's umask. chmod too: an existing directory may predate this rule.
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory.chmod(0o700)
         self.process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            umask=PRIVATE_UMASK,
         )
         self._wait_ready(timeout_s)
         return self.url
