@@ -493,3 +493,126 @@ def test_prune_dry_run_then_prune(run_cli: CliRunner) -> None:
     assert real.code == 0, real.stderr
     assert {Path(p).name for p in json.loads(real.stdout)["removed"]} == would
     assert [p.exists() for p in paths] == [False, False, False, True, True]
+
+
+# --- one failure, one code, in every command ----------------------------------------------------
+
+SNAPSHOT_COMMANDS = {
+    "compact": lambda path: ["compact", path],
+    "submit": lambda path: ["submit", path],
+}
+FILE_COMMANDS = SNAPSHOT_COMMANDS | {
+    "compress": lambda path: ["compress", "bash", path],
+    "decompress": lambda path: ["decompress", "bash", path],
+}
+REDIS_COMMANDS = {
+    "submit": lambda path: ["submit", path],
+    "events": lambda _path: ["events", "c-1"],
+    "status": lambda _path: ["status"],
+    "metrics": lambda _path: ["metrics"],
+}
+CONFIG_COMMANDS = (
+    SNAPSHOT_COMMANDS
+    | REDIS_COMMANDS
+    | {
+        "config-show": lambda _path: ["config", "show"],
+        "prune": lambda _path: ["prune", "--dry-run"],
+    }
+)
+TEXT_COMMANDS = {k: FILE_COMMANDS[k] for k in ("compress", "decompress")}
+WRONG_PASSWORD = "wr0ng-pw-5b7e1c"
+CORRUPT_LONG_LISTING = (  # the ls -l form's header, then a first line without its date
+    "[ls -l, single-spaced; a row without owner group or date has those of the first line]\n"
+    "root root\n-rw-r--r-- 1 5 x"
+)
+
+# failure -> (the commands that meet it, exit code, the JSON error line's ``error``, its ``key``)
+FAILURES: dict[str, tuple[dict[str, Any], int, str, str | None]] = {
+    "missing-file": (FILE_COMMANDS, 2, "usage", None),
+    "directory-as-file": (FILE_COMMANDS, 2, "usage", None),
+    "bad-snapshot": (SNAPSHOT_COMMANDS, 2, "invalid_snapshot", None),
+    "not-utf8": (TEXT_COMMANDS, 2, "invalid_input", None),
+    "corrupt-compressed-form": (
+        {"decompress": FILE_COMMANDS["decompress"]},
+        2,
+        "compression_invalid",
+        None,
+    ),
+    "bad-config": (CONFIG_COMMANDS, 2, "invalid_config", "compaction.mode"),
+    "redis-closed-port": (REDIS_COMMANDS, 1, "redis_unavailable", None),
+    "redis-wrong-password": (REDIS_COMMANDS, 2, "invalid_config", "redis.url"),
+}
+CASES = [(f, c) for f, (commands, *_) in FAILURES.items() for c in commands]
+
+
+@pytest.fixture(scope="module")
+def protected_redis(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A Redis that wants a password; yields its URL with a wrong one."""
+    from worker.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(directory=tmp_path_factory.mktemp("redis"), password="right-pw-3c9a")
+    url = server.start()
+    try:
+        yield url.replace("right-pw-3c9a", WRONG_PASSWORD)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def closed_port_url() -> str:
+    """A loopback port nothing listens on (chosen free, and not used)."""
+    from worker.embedded import free_port
+
+    return f"redis://127.0.0.1:{free_port()}/0"
+
+
+@pytest.mark.parametrize(("failure", "command"), CASES, ids=[f"{c}-{f}" for f, c in CASES])
+def test_every_command_maps_a_failure_to_the_same_code(
+    run_cli: CliRunner, failure: str, command: str, request: pytest.FixtureRequest
+) -> None:
+    commands, code, error, key = FAILURES[failure]
+    good = str(save(run_cli, fixture("openai")))
+    env = {"COMPACTOR_REDIS_URL": request.getfixturevalue("closed_port_url")}
+    path = good
+    if failure == "missing-file":
+        path = str(run_cli.cwd / "does-not-exist.json")
+    elif failure == "directory-as-file":
+        path = str(run_cli.cwd)
+    elif failure == "bad-snapshot":
+        path = str(save(run_cli, '{"conversation_id": "c-1", "revision": 1, "messages": ['))
+    elif failure == "not-utf8":
+        path = str(run_cli.cwd / "latin1.txt")
+        Path(path).write_bytes(b"caf\xe9 au lait\n")
+    elif failure == "corrupt-compressed-form":
+        path = str(save(run_cli, CORRUPT_LONG_LISTING, "corrupt.txt"))
+    elif failure == "bad-config":
+        env["COMPACTOR_MODE"] = "cloud"
+    elif failure == "redis-wrong-password":
+        env["COMPACTOR_REDIS_URL"] = request.getfixturevalue("protected_redis")
+    result = run_cli(*commands[command](path), env=env)
+    no_traceback(result)
+    assert result.code == code, (result.code, result.stderr)
+    line = json.loads(result.stderr.strip().splitlines()[-1])
+    assert line["error"] == error, line
+    if key is not None:
+        assert line["key"] == key, line
+    assert WRONG_PASSWORD not in result.stdout + result.stderr
+    assert written_files(run_cli) == []
+
+
+def test_a_refused_password_from_the_broker_ping_is_the_same_error(protected_redis: str) -> None:
+    """``status`` pings the workers through kombu, which wraps redis-py's AuthenticationError in
+    its own OperationalError: converted where it enters, into the same ``redis.url`` error."""
+    from worker.celery_app import make_app
+    from worker.cli_service import ping
+    from worker.config import Settings, with_redis_url
+    from worker.errors import ConfigError
+
+    app = make_app(with_redis_url(Settings(), protected_redis))
+    try:
+        with pytest.raises(ConfigError) as caught:
+            ping(app, timeout_s=0.5)
+    finally:
+        app.close()
+    assert caught.value.key == "redis.url"
+    assert WRONG_PASSWORD not in str(caught.value)

@@ -9,6 +9,7 @@ Each test runs its own Redis (own port and directory, AOF on), worker subprocess
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from collections import Counter
 
@@ -26,6 +27,8 @@ from fault_support import (  # noqa: F401 - fixtures
     wait_until,
 )
 
+from worker.cli_service import celery_command
+from worker.config import RedisConfig, WorkerConfig
 from worker.testing.standin_llm import Fault, StandinLLM
 
 pytestmark = pytest.mark.slow
@@ -140,6 +143,70 @@ def test_sigkill_mid_summary_repeatedly_loses_nothing(make_cluster) -> None:  # 
         assert len(wasted) <= len(kills) * SUMMARY_CONCURRENCY
         interrupted = {k for k, _ in per_kill}
         assert interrupted == set(range(len(kills))), "a kill did not land mid-summary"
+
+
+RECOVERY_BOUND_S = 90.0  # issue 11: "about a minute" with the defaults, plus a wide margin
+
+
+def test_sigkill_mid_summary_is_recovered_within_a_minute_by_beat(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Issue 11: with the DEFAULT reconcile settings, the lease and the visibility timeout (so
+    the broker's redelivery, 900 s away, cannot be what recovers it), a conversation whose
+    summary was lost to a SIGKILL gets its ``compaction.completed`` event about a minute later,
+    from the real scheduler (``celery beat``) and the reconciler; exactly one. (The old
+    defaults, 120 s pending plus a 60 s interval, took 121 s here; the new ones 45 s.)"""
+    worker_defaults, redis_defaults = WorkerConfig(), RedisConfig()
+    with StandinLLM(latency_s=KILL_LATENCY_S) as llm:
+        cluster = make_cluster(
+            {
+                "compaction": {"mode": "remote_only"},
+                "llm": llm_section(llm.openai_base_url, timeout_s=3.0, deadline_s=3.5),
+                "redis": {
+                    "visibility_timeout_s": redis_defaults.visibility_timeout_s,
+                    "lock_lease_s": redis_defaults.lock_lease_s,
+                },
+                "worker": {
+                    "summarize_time_limit_s": worker_defaults.summarize_time_limit_s,
+                    "reconcile_after_s": worker_defaults.reconcile_after_s,
+                    "reconcile_interval_s": worker_defaults.reconcile_interval_s,
+                },
+            }
+        )
+        workers = cluster.workers
+        workers.start("eval", queues=EVALUATE_QUEUES)
+        workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=2)
+        with (workers.logs / "beat.log").open("ab") as out:  # stopped (killed) with the workers
+            workers.procs["beat"] = subprocess.Popen(
+                celery_command("beat", None, workdir=cluster.root),
+                env=workers.env(),
+                cwd=cluster.root,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        conv = "c-recover"
+        snap = tagged(conv, 1)
+        llm.hold()  # the summary waits for its answer: the kill lands mid-summary
+        cluster.client.submit(snap)
+        wait_until(lambda: llm.stats()["in_flight"] > 0, timeout_s=20, what="a summary to kill")
+        workers.stop("sum", sig=signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert cluster.raw.pttl(f"cw:lock:{conv}") > 0, "the dead worker's lease is still held"
+        llm.release()
+        workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=2)
+
+        # Waits longer than the bound, so a failure says how long recovery did take.
+        outcome = cluster.wait_outcome(conv, 1, timeout_s=RECOVERY_BOUND_S * 3)
+        recovered_s = time.monotonic() - killed_at
+        print(f"SIGKILL -> compaction.completed: {recovered_s:.1f}s")
+        assert outcome.type == "compaction.completed", outcome
+        assert recovered_s < RECOVERY_BOUND_S, f"recovered {recovered_s:.0f}s after the kill"
+        assert workers.procs["beat"].poll() is None, workers.log("beat")[-2000:]
+        assert "compactor.reconcile" in workers.log("beat"), "recovered, but not by beat"
+        time.sleep(1.0)  # a second re-queue, had there been one, would have run by now
+        done = [e for e in cluster.events(conv) if e.type == "compaction.completed"]
+        assert len(done) == 1, [(e.type, e.revision) for e in cluster.events(conv)]
+        assert len(requests_for(llm.requests, conv)) == 2  # the one killed, the one published
+        check_consistency(cluster, {conv: {1: snap}})
 
 
 def test_sigterm_during_a_summary_finishes_it_then_exits(make_cluster) -> None:  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +117,36 @@ def test_only_the_newest_payload_of_a_conversation_is_kept(
     assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [newest]
     assert svc.evaluate("c-keep") == "skipped"
     assert [e["revision"] for _, e in svc.state.read_events("c-keep")] == [first + 2]
+
+
+def test_reconcile_leaves_live_leases_alone_and_requeues_each_conversation_once_per_delay(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 11: the reconciler re-queues a pending conversation whose lock lease is not alive
+    (its holder died) and moves its score, so the next run does not re-queue it again; one
+    whose lease is alive (a compaction in progress) is skipped and looked at again when that
+    lease would lapse."""
+    queued: list[str] = []
+    svc = service(redis_url, tmp_path)
+    svc.enqueue_evaluate = queued.append
+    after_s = svc.settings.worker.reconcile_after_s
+    client = redis.Redis.from_url(redis_url)
+    for conv in ("c-dead", "c-busy"):
+        svc.state.store_snapshot(conv, 1, json.dumps(conversation(conv, 2)).encode())
+    long_ago = time.time() - 10 * after_s
+    client.zadd("cw:pending", {"c-dead": long_ago, "c-busy": long_ago})
+    token = svc.state.acquire_lock("c-busy", 20.0)
+    assert token is not None
+
+    assert svc.reconcile() == ["c-dead"]
+    assert queued == ["c-dead"]
+    now = time.time()
+    assert abs(client.zscore("cw:pending", "c-dead") - now) < 5  # waits after_s again
+    busy = client.zscore("cw:pending", "c-busy")
+    assert abs(busy - (now - after_s + 20.0)) < 5  # stale again when its lease would lapse
+    assert svc.reconcile() == [] and queued == ["c-dead"]  # nothing twice
+
+    svc.state.release_lock("c-busy", token)  # as if its lease had lapsed: re-queued next time
+    client.zadd("cw:pending", {"c-busy": long_ago})
+    assert svc.reconcile() == ["c-busy"]
+    assert queued == ["c-dead", "c-busy"]

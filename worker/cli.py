@@ -1,8 +1,11 @@
 """``compactor``: the command line (README.md, "Using it").
 
-Exit codes: 0 done; 1 the work failed (a ``compaction.failed`` event, an unexpected error);
-2 the input was rejected (a bad snapshot, bad configuration, a bad argument). Errors go to
-stderr as one JSON line, never as a traceback (set ``COMPACTOR_DEBUG=1`` to see one).
+Exit codes: 0 done; 1 the work failed (a ``compaction.failed`` event, Redis unavailable, an
+unexpected error); 2 the input was rejected (a bad snapshot, bad configuration or credentials, a
+bad argument or unreadable file). :func:`exit_code` is the one mapping from the error tree
+(worker/errors.py) to these, for every command; the README's *Exit codes and errors* lists it.
+Errors go to stderr as one JSON line, never as a traceback (set ``COMPACTOR_DEBUG=1`` to see
+one).
 """
 
 from __future__ import annotations
@@ -17,10 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import Settings, load_settings, shown_settings
-from worker.errors import CompactorError, ConfigError, InvalidSnapshot, UsageError
+from worker.errors import (
+    CompactorError,
+    InvalidInput,
+    InvalidSnapshot,
+    RejectedInput,
+    UsageError,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
+EXIT_INTERRUPTED = 130
 log = logging.getLogger("worker.cli")
+
+
+def exit_code(exc: CompactorError) -> int:
+    """The exit code of a command that ended with ``exc``: rejected input (usage, configuration
+    and credentials, snapshot, compressed form) 2; anything else (Redis unavailable, storage) 1."""
+    return EXIT_REJECTED if isinstance(exc, RejectedInput) else EXIT_FAILED
 
 
 def _print_error(error: dict[str, Any]) -> None:
@@ -31,7 +47,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config)
 
 
-def _read_input(path: str, max_bytes: int) -> bytes:
+def read_input(path: str, max_bytes: int) -> bytes:
     """A file (or ``-`` for stdin), refusing oversize input before reading all of it."""
     if path == "-":
         data = sys.stdin.buffer.read(max_bytes + 1)
@@ -48,6 +64,16 @@ def _read_input(path: str, max_bytes: int) -> bytes:
     return data
 
 
+def _read_value(path: str, *, as_json: bool) -> Any:
+    """A tool output file: its text, or with ``as_json`` the JSON value it holds."""
+    raw = read_input(path, 1 << 30)
+    try:
+        text = raw.decode("utf-8")
+        return json.loads(text) if as_json else text
+    except ValueError as exc:  # UnicodeDecodeError, json.JSONDecodeError
+        raise InvalidInput(f"{path}: {exc}") from None
+
+
 # --- commands -------------------------------------------------------------------------------
 
 
@@ -57,7 +83,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     from worker.transcripts import TranscriptStore
 
     settings = _settings(args)
-    payload = _read_input(args.snapshot, settings.compaction.max_snapshot_bytes)
+    payload = read_input(args.snapshot, settings.compaction.max_snapshot_bytes)
     llm = llm_summarizer(settings)  # the operator's choice, as in the worker
     try:
         store = TranscriptStore(settings.compaction.transcript_dir)
@@ -74,11 +100,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_compress(args: argparse.Namespace) -> int:
     from worker.compress import compress_with_stats
 
-    raw = _read_input(args.output, 1 << 30).decode("utf-8")
-    value: Any = raw
-    if args.json:
-        value = json.loads(raw)
-    outcome = compress_with_stats(args.tool, value)
+    outcome = compress_with_stats(args.tool, _read_value(args.output, as_json=args.json))
     out = outcome.output
     sys.stdout.write(out if isinstance(out, str) else json.dumps(out, ensure_ascii=False))
     if args.stats:
@@ -99,8 +121,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
 def cmd_decompress(args: argparse.Namespace) -> int:
     from worker.compress import decompress_tool_result
 
-    raw = _read_input(args.file, 1 << 30).decode("utf-8")
-    out = decompress_tool_result(args.tool, json.loads(raw) if args.json else raw)
+    out = decompress_tool_result(args.tool, _read_value(args.file, as_json=args.json))
     sys.stdout.write(out if isinstance(out, str) else json.dumps(out, ensure_ascii=False))
     return EXIT_OK
 
@@ -182,17 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except (InvalidSnapshot, ConfigError, UsageError) as exc:
+    except CompactorError as exc:  # third-party errors were converted where they entered
         _print_error(exc.to_dict())
-        return EXIT_REJECTED
-    except CompactorError as exc:
-        _print_error(exc.to_dict())
-        return EXIT_FAILED
+        return exit_code(exc)
     except KeyboardInterrupt:
-        return 130  # interrupted (Ctrl-C, or SIGTERM for `up`): cleaned up on the way out
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        _print_error({"error": "invalid_input", "message": str(exc)})
-        return EXIT_REJECTED
+        return EXIT_INTERRUPTED  # Ctrl-C, or SIGTERM for `up`: cleaned up on the way out
     except Exception as exc:  # the last line of defence: one JSON line, no traceback
         if os.environ.get("COMPACTOR_DEBUG"):
             raise

@@ -31,12 +31,14 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from worker.cli import read_input
     from worker.client import Client
 
-    client = Client(_settings(args))
+    settings = _settings(args)
+    client = Client(settings)
     try:
         for path in args.snapshots:
-            data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+            data = read_input(path, settings.compaction.max_snapshot_bytes)
             result = client.submit(data)
             print(
                 json.dumps({"snapshot": path, "status": result.status, "revision": result.revision})
@@ -199,6 +201,29 @@ def running_services(
             embedded.stop()
 
 
+def ping(app: Any, *, timeout_s: float) -> list[dict[str, Any]]:
+    """The workers' replies to a broadcast ping. Kombu raises redis-py's errors wrapped in its
+    OperationalError (a refused password too): converted here, where they enter, into the
+    error tree the same way as every other Redis error (worker.redis_state.redis_errors)."""
+    import redis
+    from kombu.exceptions import OperationalError
+
+    from worker.errors import RedisUnavailable
+    from worker.redis_state import redis_errors
+
+    with redis_errors("pinging the workers"):
+        try:
+            replies: list[dict[str, Any]] = app.control.ping(timeout=timeout_s) or []
+        except OperationalError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, redis.exceptions.RedisError):
+                raise cause from None  # converted by redis_errors
+            raise RedisUnavailable(
+                f"broker unavailable while pinging the workers: {type(exc).__name__}"
+            ) from None
+    return replies
+
+
 def wait_for_workers(url: str, settings: Settings, expected: int, timeout_s: float) -> bool:
     from worker.celery_app import make_app
 
@@ -206,7 +231,7 @@ def wait_for_workers(url: str, settings: Settings, expected: int, timeout_s: flo
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            replies = app.control.ping(timeout=1.0) or []
+            replies = ping(app, timeout_s=1.0)
             if len(replies) >= expected:
                 return True
         return False
@@ -300,7 +325,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     app = make_app(settings)
     try:
         queues = {q: _queue_length(state, q) for q in QUEUES}
-        workers = app.control.ping(timeout=1.0) or []
+        workers = ping(app, timeout_s=1.0)
         doc = {
             "redis": mask_url(broker_url(settings)),
             "queues": queues,
@@ -320,10 +345,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _queue_length(state: Any, queue: str) -> int:
     """Kombu's Redis transport keeps a queue as a list per priority step."""
+    from worker.redis_state import redis_errors
+
     total = 0
-    for key in state.client.scan_iter(match=f"{queue}*", count=100):
-        if state.client.type(key) == b"list":
-            total += state.client.llen(key)
+    with redis_errors("reading queue lengths"):
+        for key in state.client.scan_iter(match=f"{queue}*", count=100):
+            if state.client.type(key) == b"list":
+                total += state.client.llen(key)
     return total
 
 

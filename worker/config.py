@@ -171,8 +171,11 @@ class WorkerConfig(_Strict):
     summarize_time_limit_s: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=8, ge=0)
     prune_interval_s: float = Field(default=3600.0, gt=0)
-    reconcile_interval_s: float = Field(default=60.0, gt=0)
-    reconcile_after_s: float = Field(default=120.0, gt=0)  # pending this long -> re-queued
+    # The reconciler (scheduled by beat every reconcile_interval_s) re-queues a conversation
+    # pending for reconcile_after_s unless its lock lease is alive: a worker killed mid-summary
+    # is recovered at the first run after its lease (redis.lock_lease_s) lapsed.
+    reconcile_interval_s: float = Field(default=15.0, gt=0)
+    reconcile_after_s: float = Field(default=45.0, gt=0)  # pending this long -> re-queued
     log_format: Literal["json", "text"] = "json"
     # Per process: the last parsed snapshot of recent conversations, so a grown conversation's
     # next snapshot reuses the messages it shares with the last one. Counted by payload size;

@@ -1,7 +1,9 @@
 """One error tree for the whole service.
 
 Third-party exceptions are converted into these once, in the adapter that meets them; Celery
-tasks retry on :class:`TransientError` only and turn everything else into a final event.
+tasks retry on :class:`TransientError` only and turn everything else into a final event. The
+command line maps the tree to exit codes in one place (``worker.cli.exit_code``):
+:class:`RejectedInput` exits 2, every other :class:`CompactorError` 1.
 """
 
 from __future__ import annotations
@@ -37,7 +39,26 @@ class TransientError(CompactorError):
     code = "transient"
 
 
-class ConfigError(PermanentError):
+class RejectedInput(PermanentError):
+    """The input was refused before any work: an argument, a file, the configuration, a
+    snapshot. The command line exits 2 for these."""
+
+    code = "rejected"
+
+
+class UsageError(RejectedInput):
+    """A command-line argument cannot be used (e.g. an input file that cannot be read)."""
+
+    code = "usage"
+
+
+class InvalidInput(RejectedInput):
+    """An input file's content is not what the command reads (not UTF-8, not JSON)."""
+
+    code = "invalid_input"
+
+
+class ConfigError(RejectedInput):
     """A configuration value is invalid; ``key`` names it (dotted, as in the TOML file)."""
 
     code = "invalid_config"
@@ -51,7 +72,7 @@ class ConfigError(PermanentError):
         return {"error": self.code, "key": self.key, "message": self.message}
 
 
-class InvalidSnapshot(PermanentError):
+class InvalidSnapshot(RejectedInput):
     """A snapshot was rejected; ``field`` names where (dotted path), ``reason`` says why."""
 
     code = "invalid_snapshot"
@@ -114,13 +135,7 @@ class EventMismatch(PermanentError):
     code = "event_mismatch"
 
 
-class UsageError(PermanentError):
-    """A command-line argument is wrong (a file that cannot be read, say)."""
-
-    code = "usage"
-
-
-class CompressionError(PermanentError):
+class CompressionError(RejectedInput):
     """A compressed tool result cannot be expanded (unknown or corrupt form)."""
 
     code = "compression_invalid"

@@ -18,8 +18,12 @@ ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys can
 | ``cw:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:announce:{conv}`` | pub/sub channel | publish | none (not stored) |
 | ``cw:recent`` | stream (all conversations) | publish | MAXLEN 1000 |
-| ``cw:pending`` | zset conv -> submit time | submit, publish | member removed when handled |
+| ``cw:pending`` | zset conv -> submit time (*) | submit, publish, reconcile | until handled |
 | ``cw:metrics`` | hash of counters | everyone | none (counters) |
+
+(*) The reconciler moves a score it acts on: to now when it re-queues the conversation, and for a
+conversation whose lock lease is alive to the time at which that lease would lapse (minus
+``reconcile_after_s``), so it is looked at again then and not on every run.
 
 The events of an evaluation that ends in ``compaction.skipped`` (that one, and its
 ``tool_results.elided``) keep their ``cw:published`` flag only as long as a redelivery of that

@@ -422,6 +422,23 @@ class RedisState:
         with redis_errors("updating pending conversations"):
             self.client.zadd(keys.PENDING, {conversation_id: time.time()}, xx=True)
 
+    def reschedule_pending(self, due: dict[str, float]) -> None:
+        """Set, in one round trip, when the reconciler next looks at each conversation (a time
+        ``reconcile_after_s`` before it, as scores are submit times); only conversations still
+        pending are updated."""
+        if due:
+            with redis_errors("updating pending conversations"):
+                self.client.zadd(keys.PENDING, due, xx=True)
+
+    def lease_ttls_s(self, conversation_ids: list[str]) -> list[float]:
+        """:meth:`lock_ttl_s` of each conversation, in one round trip."""
+        with redis_errors("checking conversation locks"):
+            pipe = self.client.pipeline(transaction=False)
+            for conversation_id in conversation_ids:
+                pipe.pttl(keys.lock(conversation_id))
+            replies = pipe.execute()
+        return [max(int(ms), 0) / 1000 for ms in replies]
+
     def incr(self, counter: str, amount: float = 1) -> None:
         """Best effort: a metric must never fail the work it measures."""
         with contextlib.suppress(TransientError), redis_errors("counting"):

@@ -229,12 +229,27 @@ class Service:
 
     def reconcile(self) -> list[str]:
         """Queue again conversations whose newest snapshot has waited too long for an outcome
-        (a lost broker message, a worker that died before acknowledging, a crashed re-run)."""
-        stale = self.state.stale_pending(self.settings.worker.reconcile_after_s)
-        for conversation_id in stale:
-            self.state.touch_pending(conversation_id)
+        (a lost broker message, a worker that died mid-task, a crashed re-run); returns them.
+
+        A conversation whose lock lease is alive is being compacted (its holder renews the
+        lease while it works, and publishes or re-runs when done): it is left alone, and looked
+        at again when that lease would lapse, so a holder that died (SIGKILL) is noticed at the
+        first run after its lease lapsed. A re-queued conversation waits ``reconcile_after_s``
+        again before its next re-queue, so a backlog costs at most one extra evaluation per
+        waiting conversation per ``reconcile_after_s`` (and at most 500 per run)."""
+        after_s = self.settings.worker.reconcile_after_s
+        stale = self.state.stale_pending(after_s)
+        if not stale:
+            return []
+        now = time.time()
+        leases = self.state.lease_ttls_s(stale)
+        requeued = [c for c, lease_s in zip(stale, leases, strict=True) if lease_s <= 0]
+        due = dict.fromkeys(requeued, now)
+        due |= {c: now - after_s + s for c, s in zip(stale, leases, strict=True) if s > 0}
+        self.state.reschedule_pending(due)
+        for conversation_id in requeued:
             self.enqueue_evaluate(conversation_id)
-        return stale
+        return requeued
 
     def prune(self, *, dry_run: bool = False) -> list[str]:
         retention = self.settings.transcripts
