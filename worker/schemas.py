@@ -107,9 +107,10 @@ class _Published(GenerateJsonSchema):
         return super().field_is_required(field, total)
 
 
-# Docstrings in the code may point to notes that are not part of the project; the published
-# contract is the docs, so such pointers are left out of the schemas' descriptions.
-_NOTE_POINTER = re.compile(r"\s*\((?:DESIGN\.md §\d+|RFD D\d+)\)")
+# Some model docstrings still cite, in parentheses, sections of notes that are not part of the
+# project (``(NOTES.md §3)``, ``(ABC D17)``); the contract users have is docs/, so such
+# citations are left out of the schemas' descriptions.
+_NOTE_POINTER = re.compile(r"\s*\((?:[A-Z]+\.md §\d+|[A-Z]{3} D\d+)\)")
 
 
 def build(name: str, source: Source) -> dict[str, Any]:
