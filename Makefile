@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean lock
+.PHONY: demo test lint schemas bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check worker tests bench examples
 	$(VENV)/bin/mypy
+
+schemas: $(STAMP)
+	$(PY) -m worker.schemas
 
 clean:
 	rm -rf $(VENV) transcripts .pytest_cache .mypy_cache .ruff_cache

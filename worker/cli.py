@@ -1,4 +1,4 @@
-"""``compactor``: the command line (README.md, "Using it").
+"""``compactor``: the command line.
 
 Exit codes: 0 done; 1 the work failed (a ``compaction.failed`` event, Redis unavailable, an
 unexpected error); 2 the input was rejected (a bad snapshot, bad configuration or credentials, a

@@ -5,8 +5,9 @@ the range ends before the protected tail (the newest group, and an unfinished to
 the newest user turns (up to ``preserve_recent_user_tokens``, at least one) and the last
 ``preserve_recent_delegation_results`` delegation results are carried verbatim into the
 replacement, in order, before the summary. Per-tool hints are resolved here, once, and frozen
-into the event: ``keep`` carries a call whole, ``strip*`` carries it with parts
-replaced by markers, ``omit`` drops it from the replacement and from the summary input.
+into the event (docs/configuration.md, "Per-tool hints"): ``keep`` carries a call whole,
+``strip*`` carries it with parts replaced by markers, ``omit`` drops it from the replacement and
+from the summary input.
 """
 
 from __future__ import annotations

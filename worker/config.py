@@ -1,4 +1,6 @@
-"""Configuration: the compaction settings of DESIGN.md §2 and the service settings around them.
+"""Configuration: the compaction settings and the service settings around them.
+
+Every setting, its default and its meaning: docs/configuration.md.
 
 Sources, later wins: built-in defaults -> TOML file -> environment (``COMPACTOR_...``) -> a
 snapshot's own ``config`` / ``tools`` overrides. Secrets never live in these objects: the LLM key
@@ -49,7 +51,7 @@ class ProjectedToolResultBudget(_Strict):
 
 
 class CompactionConfig(_Strict):
-    """Every field of the seed ``CompactionConfig``, plus our extensions (marked below)."""
+    """``[compaction]``: the core settings, then our extensions (marked below)."""
 
     keep_recent_tool_results: int | None = Field(default=None, ge=0)
     projected_tool_result_budget: ProjectedToolResultBudget | None = None

@@ -200,6 +200,12 @@ CompactionEvent = Annotated[
     | Annotated[OtherEvent, Tag("other")],
     Discriminator(_event_kind),
 ]
+# The five types this version publishes, discriminated by ``type`` (the JSON Schema of "an event"
+# is made from it; readers use :data:`CompactionEvent`, which also keeps unknown types).
+PublishedEvent = Annotated[
+    CompletedEvent | SkippedEvent | FailedEvent | RejectedEvent | ElidedEvent,
+    Field(discriminator="type"),
+]
 OUTCOME_TYPES = frozenset(
     {"compaction.completed", "compaction.skipped", "compaction.failed", "compaction.rejected"}
 )

@@ -1,5 +1,7 @@
 """Every Redis key the service uses, built in one place, with its owner and lifetime.
 
+docs/redis-protocol.md documents them for other programs, with what each key holds.
+
 All keys share the ``cw:`` prefix (one Redis can serve other applications too). Conversation
 ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys cannot collide.
 
@@ -13,7 +15,7 @@ ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys can
 | ``cw:fence:{conv}`` | string (int counter) | summarize | ``stream_ttl_s`` |
 | ``cw:rerun:{conv}`` | string flag | evaluate while locked | ``snapshot_ttl_s`` |
 | ``cw:memo:{conv}`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
-| ``cw:last:{conv}`` | string (event JSON) | publish (completed) | ``stream_ttl_s`` |
+| ``cw:last:{conv}`` | list (event JSON, newest 8) | publish (completed) | ``stream_ttl_s`` |
 | ``cw:events:{conv}`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
 | ``cw:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:announce:{conv}`` | pub/sub channel | publish | none (not stored) |

@@ -2,9 +2,10 @@
 
 Applied to tool-result bodies only, in this order: lossless compression (each result on its
 own, deterministic, so a result projects the same way every time and providers' prompt caches
-stay warm), then either the strict byte budget or the recent-count markers (docs/configuration.md).
-The trigger is evaluated on this projection, and agents import the same function to build the
-request they send, so what the worker measures is what the model receives.
+stay warm), then either the strict byte budget or the recent-count markers
+(docs/configuration.md, "Projection"). The trigger is evaluated on this projection, and agents
+import the same function to build the request they send, so what the worker measures is what
+the model receives.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def _apply_budget(
     bodies: dict[int, str],
     budget: ProjectedToolResultBudget,
 ) -> tuple[dict[int, str], list[ElidedResult]]:
-    """The strict aggregate cap (docs/configuration.md, ``projected_tool_result_budget``)."""
+    """The strict aggregate cap; its steps are in docs/configuration.md ("Projection")."""
     if sum(_size(bodies[i]) for i in results) <= budget.max_bytes:
         return bodies, []
     newest_first = results[::-1]

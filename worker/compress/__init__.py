@@ -1,4 +1,4 @@
-"""Lossless tool-output compression (issue 3, seed ``lossless-tool-output-compression.txt``).
+"""Lossless tool-output compression (the forms are described in docs/compression.md).
 
 ``compress_tool_result(tool, output)`` returns a token-cheaper form of a tool result that a model
 can read as it is, or ``output`` itself; ``decompress_tool_result(tool, compressed)`` gives back
@@ -15,7 +15,7 @@ Forms, each self-describing (a one-line header for text, a ``_fmt`` key for JSON
   ``numbered-lines`` (``nl -ba``/``cat -n`` without number padding),
   ``repeated-lines`` (``line [xN]``). Shell wrappers such as ``<returncode>..<output>`` stay
   byte for byte around the compressed body.
-- JSON (the seed's): ``grep-v1``, ``glob-v1``, ``csv``, ``rle-lines``, ``read_file-v1`` (field
+- JSON: ``grep-v1``, ``glob-v1``, ``csv``, ``rle-lines``, ``read_file-v1`` (field
   drops), applied recursively through any JSON value (``delegate_task``), plus ``json-text`` for
   JSON text inside a string; JSON text is only treated as JSON when it can be rewritten byte for
   byte (:mod:`worker.compress.jsontext`), otherwise it is text.

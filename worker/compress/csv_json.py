@@ -1,4 +1,4 @@
-"""JSON arrays of objects with the same keys, as a header and rows (the seed's ``csv`` form).
+"""JSON arrays of objects with the same keys, as a header and rows (the ``csv`` form).
 
 ``[{"name": "a.go", "lines": 412}, ...]`` becomes ``{"_fmt": "csv", "header": ["name",
 "lines"], "rows": [["a.go", 412], ...]}``: each key once instead of once per object. Two more

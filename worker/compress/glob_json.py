@@ -1,4 +1,4 @@
-"""JSON lists of paths with their common directory written once (the seed's ``glob-v1``)."""
+"""JSON lists of paths with their common directory written once (``glob-v1``)."""
 
 from __future__ import annotations
 

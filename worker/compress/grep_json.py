@@ -1,4 +1,4 @@
-"""JSON grep matches grouped by file with positional rows (the seed's ``grep-v1``).
+"""JSON grep matches grouped by file with positional rows (``grep-v1``).
 
 ``[{"file": "/p/a.go", "line_number": 18, "line": "...", "line_hash": "978"}, ...]`` becomes::
 

@@ -1,4 +1,4 @@
-"""Which tool results are left alone, as the seed says."""
+"""Which tool results are left alone (docs/compression.md, "Left alone")."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def leaves_alone(tool_name: str) -> bool:
 
 def is_truncated_preview(tool_name: str, value: Any) -> bool:
     """A bash or web_fetch result marked ``truncated: true`` already is a bounded preview of an
-    output kept elsewhere; the seed leaves it unchanged."""
+    output kept elsewhere, so it is left unchanged."""
     return (
         isinstance(value, dict)
         and value.get("truncated") is True

@@ -1,4 +1,4 @@
-"""read_file results without the fields their content already implies (the seed's field drops).
+"""read_file results without the fields their content already implies (``read_file-v1``).
 
 ``lines_read`` is dropped when it equals the number of lines in ``content``, ``bytes_read`` when
 it equals the UTF-8 size of ``content`` (otherwise it says something the content does not, e.g.

@@ -1,8 +1,8 @@
-"""A string's repeated consecutive lines as ``[line, count]`` pairs (the seed's ``rle-lines``).
+"""A string's repeated consecutive lines as ``[line, count]`` pairs (``rle-lines``).
 
 Measured against the text form (``line [xN]``), this costs more tokens on most outputs, so it is
 only chosen where the token count says it is cheaper; it exists because structured consumers
-(and the seed) use it.
+use it.
 """
 
 from __future__ import annotations

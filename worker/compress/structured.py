@@ -1,8 +1,8 @@
 """JSON tool results: node codecs applied through the whole value, and the exact inverse.
 
-The value is walked recursively (the seed's rule for ``delegate_task``, and what every JSON result
-gets): arrays of grep match objects become ``grep-v1``, other arrays of same-shaped objects
-``csv``, arrays of paths ``glob-v1``; long strings take whichever is cheapest in tokens of a
+The value is walked recursively (nested reports such as ``delegate_task`` results, and every
+other JSON result): arrays of grep match objects become ``grep-v1``, other arrays of same-shaped
+objects ``csv``, arrays of paths ``glob-v1``; long strings take whichever is cheapest in tokens of a
 plain-text form, ``rle-lines``, or, for JSON text, its own compressed tree (``json-text``). A
 compressed node's payload is never walked again, so its values need no escaping. A raw object that
 already has a ``_fmt`` key is wrapped as ``{"_fmt": "literal", "value": ...}`` and a raw string

@@ -1,0 +1,124 @@
+"""docs/ against the code: every setting documented with its default, links that resolve, the
+submit script as the code runs it, and no pointers to notes users do not have."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from worker import keys
+from worker.config import (
+    CompactionConfig,
+    LLMConfig,
+    RedisConfig,
+    ToolConfig,
+    TranscriptRetention,
+    WorkerConfig,
+)
+from worker.redis_state import _SUBMIT
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCS = REPO_ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+SECTIONS: dict[str, type[BaseModel]] = {
+    "[compaction]": CompactionConfig,
+    "[conversation.tools.NAME]": ToolConfig,
+    "[llm]": LLMConfig,
+    "[redis]": RedisConfig,
+    "[transcripts]": TranscriptRetention,
+    "[worker]": WorkerConfig,
+}
+
+
+def section_rows(text: str, heading: str) -> dict[str, str]:
+    """setting -> its default cell, from the table under ``## `heading` `` (before any
+    sub-heading)."""
+    start = text.index(f"## `{heading}`\n") + 1
+    end = text.find("\n#", start)
+    body = text[start : end if end != -1 else len(text)]
+    rows = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        match = re.fullmatch(r"`([a-z_]+)`", cells[0]) if line.startswith("|") else None
+        if match and len(cells) >= 3:
+            rows.setdefault(match.group(1), cells[1])
+    return rows
+
+
+def shown_default(value: Any) -> str:
+    """A default as the page writes it: TOML values, ``"none"`` for None, ``unset`` for hints."""
+    if value is None:
+        return '`"none"`'
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, (str, Path)):
+        return f'`"{value}"`'
+    if isinstance(value, list | dict):
+        return f"`{json.dumps(value, separators=(', ', ': '))}`"
+    return f"`{value}`"
+
+
+@pytest.mark.parametrize("heading", SECTIONS)
+def test_every_setting_is_documented_with_its_default(heading: str) -> None:
+    rows = section_rows((DOCS / "configuration.md").read_text(), heading)
+    model = SECTIONS[heading]
+    assert sorted(rows) == sorted(model.model_fields), heading
+    for name, field in model.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if model is ToolConfig:
+            assert rows[name] == "unset"
+        elif name == "url":
+            assert rows[name] == '`"none"`'  # a SecretStr, unset
+        else:
+            assert rows[name] == shown_default(default), f"{heading} {name}"
+
+
+def test_every_key_is_documented() -> None:
+    text = (DOCS / "redis-protocol.md").read_text()
+    names = [n for n in dir(keys) if callable(getattr(keys, n)) and not n.startswith("_")]
+    for name in names:
+        key = getattr(keys, name)("{conv}", "{rev}") if name == "snapshot" else None
+        key = key or getattr(keys, name)("{event_id}" if name == "published" else "{conv}")
+        assert f"| `{key}` |" in text, key
+    for key in (keys.RECENT, keys.PENDING, keys.METRICS):
+        assert f"| `{key}` |" in text, key
+
+
+def test_the_provisional_submit_script_is_the_one_the_code_runs() -> None:
+    text = (DOCS / "redis-protocol.md").read_text()
+    block = re.search(r"```lua\n(.*?)```", text, re.S)
+    assert block is not None
+    documented = "\n".join(line.strip() for line in block.group(1).splitlines())
+    assert documented.strip() == "\n".join(line.strip() for line in _SUBMIT.splitlines()).strip()
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_resolve(page: Path) -> None:
+    text = page.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path_part, _, anchor = target.partition("#")
+        path = (page.parent / path_part).resolve() if path_part else page
+        assert path.exists(), f"{page.name}: {target}"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+            assert anchor in {_anchor(h) for h in headings}, f"{page.name}: {target}"
+
+
+def test_no_pointers_to_notes_users_do_not_have() -> None:
+    pointer = re.compile(r"DESIGN\.md|\(issue [0-9]|seed's|RFD")
+    for path in [REPO_ROOT / "README.md", *DOCS.rglob("*.md"), *DOCS.rglob("*.json")]:
+        assert not pointer.search(path.read_text()), path
