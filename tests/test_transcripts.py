@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.errors import InvalidSnapshot, StorageError
+from worker.errors import InvalidSnapshot, StorageError, TranscriptConflict
 from worker.transcripts import TranscriptStore, transcript_name
 
 
@@ -73,7 +73,7 @@ def test_same_bytes_twice_is_one_file(store: TranscriptStore) -> None:
 
 def test_same_name_different_bytes_is_refused(store: TranscriptStore) -> None:
     ref = store.write("c-1", 3, eid(3), b"original")
-    with pytest.raises(StorageError):
+    with pytest.raises(TranscriptConflict):
         store.write("c-1", 3, eid(3), b"tampered")
     assert Path(ref.uri).read_bytes() == b"original"
     assert temp_files(store.root) == []
@@ -97,7 +97,7 @@ def test_concurrent_identical_writes_all_succeed(store: TranscriptStore) -> None
 def test_concurrent_conflicting_writes_one_wins(store: TranscriptStore) -> None:
     refs, errors = run_threads(8, lambda i: store.write("c-1", 9, eid(9), f"writer {i}".encode()))
     assert len(refs) >= 1
-    assert all(isinstance(e, StorageError) for e in errors)
+    assert all(isinstance(e, TranscriptConflict) for e in errors)
     assert len(refs) + len(errors) == 8
     on_disk = Path(refs[0].uri).read_bytes()
     assert all(hashlib.sha256(on_disk).hexdigest() == r.sha256 for r in refs)
