@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,22 @@ OUTCOMES = {
     "compaction.failed",
     "compaction.rejected",
 }
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """One of the workers ``compactor up`` runs: node ``NAME@host`` consuming ``queues``."""
+
+    name: str
+    queues: str
+    pool: str
+    concurrency: int
+
+
+UP_WORKERS = (
+    WorkerKind("evaluate", "compactor.evaluate,compactor.maintenance", "prefork", 2),
+    WorkerKind("summarize", "compactor.summarize", "threads", 32),
+)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -143,29 +160,19 @@ def running_services(
     logs.mkdir(parents=True, exist_ok=True)
     specs = [
         (
-            "evaluate",
+            kind.name,
             celery_command(
                 "worker",
                 config,
-                queues="compactor.evaluate,compactor.maintenance",
-                pool="prefork",
-                concurrency=2,
-                name="evaluate@%h",
+                queues=kind.queues,
+                pool=kind.pool,
+                concurrency=summarize_concurrency if kind.name == "summarize" else kind.concurrency,
+                name=f"{kind.name}@%h",
             ),
-        ),
-        (
-            "summarize",
-            celery_command(
-                "worker",
-                config,
-                queues="compactor.summarize",
-                pool="threads",
-                concurrency=summarize_concurrency,
-                name="summarize@%h",
-            ),
-        ),
-        ("beat", celery_command("beat", config, workdir=workdir)),
+        )
+        for kind in UP_WORKERS
     ]
+    specs.append(("beat", celery_command("beat", config, workdir=workdir)))
     children = []
     try:
         for role, cmd in specs:
