@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,6 +136,127 @@ def cmd_beat(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover
 
 
+def _log_json(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc), file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Child:
+    role: str
+    cmd: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    quick_exits: int = 0  # exits in a row, each within ``stable_s`` of its start
+    restart_at: float | None = None
+
+
+class Supervisor:
+    """Runs the children of ``compactor up`` and restarts any that exits, with a backoff.
+
+    A child that exits is started again after ``backoff_s``, doubled for every further exit
+    within ``stable_s`` of its start, up to ``max_backoff_s``; one that ran longer starts from
+    ``backoff_s`` again. Each exit and restart is logged to stderr as a JSON line. Children get
+    their own session, so a Ctrl-C reaches ``up`` alone, and :meth:`stop` stops them in order
+    (SIGTERM: Celery's warm shutdown; SIGKILL after ``timeout_s``)."""
+
+    def __init__(
+        self,
+        specs: list[tuple[str, list[str]]],
+        *,
+        env: dict[str, str],
+        logs: Path,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        stable_s: float = 60.0,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.children = [_Child(role, cmd) for role, cmd in specs]
+        self.env, self.logs = env, logs
+        self.backoff_s, self.max_backoff_s, self.stable_s = backoff_s, max_backoff_s, stable_s
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            for child in self.children:
+                self._spawn(child)
+        self._thread = threading.Thread(target=self._watch, name="compactor-supervisor")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def pids(self) -> dict[str, int]:
+        with self._lock:
+            return {c.role: c.proc.pid for c in self.children if c.proc and c.proc.poll() is None}
+
+    def _spawn(self, child: _Child) -> None:
+        with (self.logs / f"{child.role}.log").open("ab") as out:  # the child keeps its copy
+            child.proc = subprocess.Popen(
+                child.cmd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        _log_json({"supervisor": "started", "role": child.role, "pid": child.proc.pid})
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.poll_s):
+            with self._lock:
+                if not self._stopping.is_set():
+                    self.check()
+
+    def check(self) -> None:
+        """One round: note the children that exited, restart those whose backoff is over."""
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.proc
+            if proc is not None and proc.poll() is not None:
+                ran_s = now - child.started_at
+                child.quick_exits = child.quick_exits + 1 if ran_s < self.stable_s else 1
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (child.quick_exits - 1))
+                child.proc, child.restart_at = None, now + delay
+                _log_json(
+                    {
+                        "supervisor": "exited",
+                        "role": child.role,
+                        "pid": proc.pid,
+                        "returncode": proc.returncode,
+                        "ran_s": round(ran_s, 1),
+                        "restart_in_s": delay,
+                    }
+                )
+            elif child.proc is None and child.restart_at is not None and now >= child.restart_at:
+                try:
+                    self._spawn(child)
+                except OSError as exc:  # e.g. out of processes: try again after the backoff
+                    child.quick_exits += 1
+                    child.restart_at = now + min(
+                        self.max_backoff_s, self.backoff_s * 2 ** (child.quick_exits - 1)
+                    )
+                    _log_json({"supervisor": "start failed", "role": child.role, "error": str(exc)})
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            running = [c.proc for c in self.children if c.proc is not None]
+            for proc in running:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in running:
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
 @contextmanager
 def running_services(
     settings: Settings,
@@ -145,7 +267,8 @@ def running_services(
     redis_port: int | None = None,
 ) -> Iterator[str]:
     """Redis (embedded when no URL is configured), an evaluate worker, a summarize worker and
-    the scheduler, until the block ends. Yields the Redis URL."""
+    the scheduler, until the block ends; a worker or the scheduler that exits is restarted
+    (:class:`Supervisor`). Yields the Redis URL."""
     from worker.config import redis_url
     from worker.embedded import EmbeddedRedis
 
@@ -173,26 +296,12 @@ def running_services(
         for kind in UP_WORKERS
     ]
     specs.append(("beat", celery_command("beat", config, workdir=workdir)))
-    children = []
+    supervisor = Supervisor(specs, env=env, logs=logs)
     try:
-        for role, cmd in specs:
-            out = (logs / f"{role}.log").open("ab")
-            children.append(
-                subprocess.Popen(
-                    cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
-            )
+        supervisor.start()
         yield url
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        supervisor.stop()
         if embedded is not None:
             embedded.stop()
 
