@@ -398,6 +398,23 @@ def _print_event(event: Any) -> None:
     print(json.dumps(doc, ensure_ascii=False, indent=1), flush=True)
 
 
+#: What makes a worker one of each kind: it consumes the kind's queue (``compactor up`` names
+#: them ``evaluate@host`` and ``summarize@host``; ``compactor worker`` nodes count by queue, and
+#: one consuming every queue counts for every kind).
+KIND_QUEUES = {"evaluate": "compactor.evaluate", "summarize": "compactor.summarize"}
+
+
+def classify_workers(active_queues: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+    """``{kind: [node, ...]}`` from ``inspect().active_queues()``'s ``{node: [queue, ...]}``."""
+    kinds: dict[str, list[str]] = {kind: [] for kind in KIND_QUEUES}
+    for node, queues in sorted(active_queues.items()):
+        names = {q.get("name") for q in queues or [] if isinstance(q, dict)}
+        for kind, queue in KIND_QUEUES.items():
+            if queue in names:
+                kinds[kind].append(node)
+    return kinds
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from worker.celery_app import QUEUES, broker_url, make_app
     from worker.redis_state import RedisState, connect
@@ -407,11 +424,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     app = make_app(settings)
     try:
         queues = {q: _queue_length(state, q) for q in QUEUES}
-        workers = app.control.ping(timeout=1.0) or []
+        active = app.control.inspect(timeout=1.0).active_queues() or {}
+        kinds = classify_workers(active)
+        consumed = {
+            q.get("name") for qs in active.values() for q in qs or [] if isinstance(q, dict)
+        }
+        missing = sorted(kind for kind, nodes in kinds.items() if not nodes)
         doc = {
             "redis": mask_url(broker_url(settings)),
             "queues": queues,
-            "workers": sorted(name for reply in workers for name in reply),
+            "workers": sorted(active),
+            "kinds": kinds,
+            "missing_kinds": missing,
+            "queues_without_consumer": [q for q in QUEUES if q not in consumed],
             "counters": state.counters(),
             "recent_events": [
                 {k: e.get(k) for k in ("type", "conversation_id", "revision", "created_at")}
@@ -419,7 +444,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             ],
         }
         print(json.dumps(doc, indent=2))
-        return 0 if workers else 1
+        if missing:
+            print(
+                json.dumps({"error": "no worker answers for: " + ", ".join(missing)}),
+                file=sys.stderr,
+            )
+            return 1
+        return 0
     finally:
         app.close()
         state.client.close()
@@ -493,7 +524,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("status", parents=[common], help="queues, workers, counters, events")
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="queues, workers (per kind), counters, events; exit 1 when a worker kind is missing",
+    )
     p.add_argument("--recent", type=int, default=10)
     p.set_defaults(func=cmd_status)
 
