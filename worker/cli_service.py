@@ -322,12 +322,17 @@ def wait_for_workers(url: str, settings: Settings, expected: int, timeout_s: flo
 
 
 def _interrupt(signum: int, frame: Any) -> None:
+    # Once: a second SIGTERM or Ctrl-C must not cut the shutdown short and leave children
+    # running (they get SIGKILL after their grace period anyway).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     # SIGTERM (systemd, docker stop, kill) shuts down as cleanly as Ctrl-C: workers, then Redis.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     settings = _settings(args)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="compactor-up-"))
     with running_services(
