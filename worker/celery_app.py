@@ -12,6 +12,8 @@ Reliability settings, and why:
 - ``worker_prefetch_multiplier = 1``: a worker holds at most one extra message per slot, so a
   crash strands little and a slow worker does not hoard work.
 - ``accept_content = ["json"]``: pickle (and every other serializer) is refused.
+- ``broker_transport``: kombu's Redis transport with a workaround (:mod:`worker.broker`) for a
+  kombu bug that made a busy worker exit when Redis restarted.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import setup_logging, worker_init
 
+from worker.broker import TRANSPORT as BROKER_TRANSPORT
 from worker.config import Settings, load_settings
 from worker.errors import ConfigError
 from worker.queues import (
@@ -68,6 +71,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     config: dict[str, Any] = {
         "broker_url": url,
+        "broker_transport": BROKER_TRANSPORT,  # kombu's redis transport, with one workaround
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,

@@ -10,13 +10,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from worker.config import Settings, load_settings, mask_url, with_redis_url
+from worker.embedded import PRIVATE_UMASK
 
 OUTCOMES = {
     "compaction.completed",
@@ -24,6 +27,22 @@ OUTCOMES = {
     "compaction.failed",
     "compaction.rejected",
 }
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """One of the workers ``compactor up`` runs: node ``NAME@host`` consuming ``queues``."""
+
+    name: str
+    queues: str
+    pool: str
+    concurrency: int
+
+
+UP_WORKERS = (
+    WorkerKind("evaluate", "compactor.evaluate,compactor.maintenance", "prefork", 2),
+    WorkerKind("summarize", "compactor.summarize", "threads", 32),
+)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -120,6 +139,132 @@ def cmd_beat(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover
 
 
+def _log_json(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc), file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Child:
+    role: str
+    cmd: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    quick_exits: int = 0  # exits in a row, each within ``stable_s`` of its start
+    restart_at: float | None = None
+
+
+class Supervisor:
+    """Runs the children of ``compactor up`` and restarts any that exits, with a backoff.
+
+    A child that exits is started again after ``backoff_s``, doubled for every further exit
+    within ``stable_s`` of its start, up to ``max_backoff_s``; one that ran longer starts from
+    ``backoff_s`` again. Each exit and restart is logged to stderr as a JSON line. Children get
+    their own session, so a Ctrl-C reaches ``up`` alone, and :meth:`stop` stops them in order
+    (SIGTERM: Celery's warm shutdown; SIGKILL after ``timeout_s``)."""
+
+    def __init__(
+        self,
+        specs: list[tuple[str, list[str]]],
+        *,
+        env: dict[str, str],
+        logs: Path,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        stable_s: float = 60.0,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.children = [_Child(role, cmd) for role, cmd in specs]
+        self.env, self.logs = env, logs
+        self.backoff_s, self.max_backoff_s, self.stable_s = backoff_s, max_backoff_s, stable_s
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            for child in self.children:
+                self._spawn(child)
+        self._thread = threading.Thread(target=self._watch, name="compactor-supervisor")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def pids(self) -> dict[str, int]:
+        with self._lock:
+            return {c.role: c.proc.pid for c in self.children if c.proc and c.proc.poll() is None}
+
+    def _spawn(self, child: _Child) -> None:
+        log = os.open(
+            self.logs / f"{child.role}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
+        os.fchmod(log, 0o600)
+        with os.fdopen(log, "ab") as out:  # the child keeps its own copy
+            child.proc = subprocess.Popen(
+                child.cmd,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                umask=PRIVATE_UMASK,  # beat's schedule file, and whatever else they write
+            )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+        _log_json({"supervisor": "started", "role": child.role, "pid": child.proc.pid})
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.poll_s):
+            with self._lock:
+                if not self._stopping.is_set():
+                    self.check()
+
+    def check(self) -> None:
+        """One round: note the children that exited, restart those whose backoff is over."""
+        now = time.monotonic()
+        for child in self.children:
+            proc = child.proc
+            if proc is not None and proc.poll() is not None:
+                ran_s = now - child.started_at
+                child.quick_exits = child.quick_exits + 1 if ran_s < self.stable_s else 1
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (child.quick_exits - 1))
+                child.proc, child.restart_at = None, now + delay
+                _log_json(
+                    {
+                        "supervisor": "exited",
+                        "role": child.role,
+                        "pid": proc.pid,
+                        "returncode": proc.returncode,
+                        "ran_s": round(ran_s, 1),
+                        "restart_in_s": delay,
+                    }
+                )
+            elif child.proc is None and child.restart_at is not None and now >= child.restart_at:
+                try:
+                    self._spawn(child)
+                except OSError as exc:  # e.g. out of processes: try again after the backoff
+                    child.quick_exits += 1
+                    child.restart_at = now + min(
+                        self.max_backoff_s, self.backoff_s * 2 ** (child.quick_exits - 1)
+                    )
+                    _log_json({"supervisor": "start failed", "role": child.role, "error": str(exc)})
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            running = [c.proc for c in self.children if c.proc is not None]
+            for proc in running:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in running:
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
 @contextmanager
 def running_services(
     settings: Settings,
@@ -130,9 +275,10 @@ def running_services(
     redis_port: int | None = None,
 ) -> Iterator[str]:
     """Redis (embedded when no URL is configured), an evaluate worker, a summarize worker and
-    the scheduler, until the block ends. Yields the Redis URL."""
+    the scheduler, until the block ends; a worker or the scheduler that exits is restarted
+    (:class:`Supervisor`). Yields the Redis URL."""
     from worker.config import redis_url
-    from worker.embedded import PRIVATE_UMASK, EmbeddedRedis
+    from worker.embedded import EmbeddedRedis
 
     embedded = None
     url = redis_url(settings)
@@ -147,81 +293,64 @@ def running_services(
     logs.chmod(0o700)  # also when an earlier run made it
     specs = [
         (
-            "evaluate",
+            kind.name,
             celery_command(
                 "worker",
                 config,
-                queues="compactor.evaluate,compactor.maintenance",
-                pool="prefork",
-                concurrency=2,
-                name="evaluate@%h",
+                queues=kind.queues,
+                pool=kind.pool,
+                concurrency=summarize_concurrency if kind.name == "summarize" else kind.concurrency,
+                name=f"{kind.name}@%h",
             ),
-        ),
-        (
-            "summarize",
-            celery_command(
-                "worker",
-                config,
-                queues="compactor.summarize",
-                pool="threads",
-                concurrency=summarize_concurrency,
-                name="summarize@%h",
-            ),
-        ),
-        ("beat", celery_command("beat", config, workdir=workdir)),
+        )
+        for kind in UP_WORKERS
     ]
-    children = []
+    specs.append(("beat", celery_command("beat", config, workdir=workdir)))
+    supervisor = Supervisor(specs, env=env, logs=logs)
     try:
-        for role, cmd in specs:
-            log = os.open(logs / f"{role}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.fchmod(log, 0o600)
-            out = os.fdopen(log, "ab")
-            children.append(
-                subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    umask=PRIVATE_UMASK,  # beat's schedule file, and whatever else they write
-                )
-            )
+        supervisor.start()
         yield url
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        supervisor.stop()
         if embedded is not None:
             embedded.stop()
 
 
-def ping(app: Any, *, timeout_s: float) -> list[dict[str, Any]]:
-    """The workers' replies to a broadcast ping. Kombu raises redis-py's errors wrapped in its
-    OperationalError (a refused password too): converted here, where they enter, into the
-    error tree the same way as every other Redis error (worker.redis_state.redis_errors)."""
+@contextmanager
+def broker_errors(action: str) -> Iterator[None]:
+    """Kombu raises redis-py's errors wrapped in its OperationalError (a refused password too):
+    converted here, where they enter, into the error tree the same way as every other Redis
+    error (worker.redis_state.redis_errors)."""
     import redis
     from kombu.exceptions import OperationalError
 
     from worker.errors import RedisUnavailable
     from worker.redis_state import redis_errors
 
-    with redis_errors("pinging the workers"):
+    with redis_errors(action):
         try:
-            replies: list[dict[str, Any]] = app.control.ping(timeout=timeout_s) or []
+            yield
         except OperationalError as exc:
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, redis.exceptions.RedisError):
                 raise cause from None  # converted by redis_errors
             raise RedisUnavailable(
-                f"broker unavailable while pinging the workers: {type(exc).__name__}"
+                f"broker unavailable while {action}: {type(exc).__name__}"
             ) from None
+
+
+def ping(app: Any, *, timeout_s: float) -> list[dict[str, Any]]:
+    """The workers' replies to a broadcast ping."""
+    with broker_errors("pinging the workers"):
+        replies: list[dict[str, Any]] = app.control.ping(timeout=timeout_s) or []
     return replies
+
+
+def active_queues(app: Any, *, timeout_s: float) -> dict[str, Any]:
+    """Each answering worker's consumed queues, by node name."""
+    with broker_errors("asking the workers for their queues"):
+        active: dict[str, Any] = app.control.inspect(timeout=timeout_s).active_queues() or {}
+    return active
 
 
 def wait_for_workers(url: str, settings: Settings, expected: int, timeout_s: float) -> bool:
@@ -240,12 +369,17 @@ def wait_for_workers(url: str, settings: Settings, expected: int, timeout_s: flo
 
 
 def _interrupt(signum: int, frame: Any) -> None:
+    # Once: a second SIGTERM or Ctrl-C must not cut the shutdown short and leave children
+    # running (they get SIGKILL after their grace period anyway).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     # SIGTERM (systemd, docker stop, kill) shuts down as cleanly as Ctrl-C: workers, then Redis.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     settings = _settings(args)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="compactor-up-"))
     with running_services(
@@ -316,6 +450,23 @@ def _print_event(event: Any) -> None:
     print(json.dumps(doc, ensure_ascii=False, indent=1), flush=True)
 
 
+#: What makes a worker one of each kind: it consumes the kind's queue (``compactor up`` names
+#: them ``evaluate@host`` and ``summarize@host``; ``compactor worker`` nodes count by queue, and
+#: one consuming every queue counts for every kind).
+KIND_QUEUES = {"evaluate": "compactor.evaluate", "summarize": "compactor.summarize"}
+
+
+def classify_workers(active_queues: dict[str, list[dict[str, Any]]]) -> dict[str, list[str]]:
+    """``{kind: [node, ...]}`` from ``inspect().active_queues()``'s ``{node: [queue, ...]}``."""
+    kinds: dict[str, list[str]] = {kind: [] for kind in KIND_QUEUES}
+    for node, queues in sorted(active_queues.items()):
+        names = {q.get("name") for q in queues or [] if isinstance(q, dict)}
+        for kind, queue in KIND_QUEUES.items():
+            if queue in names:
+                kinds[kind].append(node)
+    return kinds
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from worker.celery_app import QUEUES, broker_url, make_app
     from worker.redis_state import RedisState, connect
@@ -325,11 +476,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     app = make_app(settings)
     try:
         queues = {q: _queue_length(state, q) for q in QUEUES}
-        workers = ping(app, timeout_s=1.0)
+        active = active_queues(app, timeout_s=1.0)
+        kinds = classify_workers(active)
+        consumed = {
+            q.get("name") for qs in active.values() for q in qs or [] if isinstance(q, dict)
+        }
+        missing = sorted(kind for kind, nodes in kinds.items() if not nodes)
         doc = {
             "redis": mask_url(broker_url(settings)),
             "queues": queues,
-            "workers": sorted(name for reply in workers for name in reply),
+            "workers": sorted(active),
+            "kinds": kinds,
+            "missing_kinds": missing,
+            "queues_without_consumer": [q for q in QUEUES if q not in consumed],
             "counters": state.counters(),
             "recent_events": [
                 {k: e.get(k) for k in ("type", "conversation_id", "revision", "created_at")}
@@ -337,7 +496,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             ],
         }
         print(json.dumps(doc, indent=2))
-        return 0 if workers else 1
+        if missing:
+            print(
+                json.dumps({"error": "no worker answers for: " + ", ".join(missing)}),
+                file=sys.stderr,
+            )
+            return 1
+        return 0
     finally:
         app.close()
         state.client.close()
@@ -414,7 +579,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("status", parents=[common], help="queues, workers, counters, events")
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="queues, workers (per kind), counters, events; exit 1 when a worker kind is missing",
+    )
     p.add_argument("--recent", type=int, default=10)
     p.set_defaults(func=cmd_status)
 
