@@ -52,13 +52,21 @@ def run_all(summarizer: LLMSummarizer, count: int, threads: int) -> list[Summary
         return list(pool.map(summarizer.summarize, map(request, range(count))))
 
 
+def wait_in_flight(llm: StandinLLM, count: int, *, timeout_s: float = 60.0) -> None:
+    """Until ``count`` requests are in flight at the stand-in (held, or slow)."""
+    deadline = time.monotonic() + timeout_s
+    while llm.stats()["in_flight"] < count:
+        assert time.monotonic() < deadline, f"fewer than {count} calls reached the provider"
+        time.sleep(0.01)
+
+
 @pytest.mark.slow
 def test_two_hundred_threads_keep_two_hundred_calls_in_flight(llm: StandinLLM) -> None:
-    with make(llm, timeout_s=20.0, deadline_s=30.0) as summarizer:
+    with make(llm, timeout_s=90.0, deadline_s=120.0) as summarizer:
         llm.hold()  # every request waits at the provider until all 200 have arrived
         with ThreadPoolExecutor(max_workers=200) as pool:
             futures = [pool.submit(summarizer.summarize, request(i)) for i in range(200)]
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 60
             while llm.stats()["in_flight"] < 200 and time.monotonic() < deadline:
                 time.sleep(0.01)
             in_flight = llm.stats()["in_flight"]
@@ -71,8 +79,14 @@ def test_two_hundred_threads_keep_two_hundred_calls_in_flight(llm: StandinLLM) -
 
 def test_max_concurrency_bounds_connections_and_calls(llm: StandinLLM) -> None:
     llm.latency_s = 0.05
-    with make(llm, max_concurrency=4) as summarizer:
-        run_all(summarizer, 16, 16)
+    with make(llm, max_concurrency=4) as summarizer, ThreadPoolExecutor(max_workers=1) as runner:
+        llm.hold()  # the first calls wait at the provider: the bound is reached before any ends
+        try:
+            done = runner.submit(run_all, summarizer, 16, 16)
+            wait_in_flight(llm, 4)
+        finally:
+            llm.release()
+        assert len(done.result(timeout=60)) == 16
     stats = llm.stats()
     assert stats["in_flight_peak"] == 4
     assert stats["connections_peak"] <= 4
@@ -128,7 +142,7 @@ def _loop_threads() -> list[threading.Thread]:
 
 
 def test_closing_while_calls_are_in_flight_fails_them_cleanly(llm: StandinLLM) -> None:
-    llm.latency_s = 0.5
+    llm.hold()  # the call stays in flight until the summarizer is closed under it
     summarizer = make(llm)
     outcomes: list[BaseException] = []
 
@@ -140,8 +154,7 @@ def test_closing_while_calls_are_in_flight_fails_them_cleanly(llm: StandinLLM) -
 
     caller = threading.Thread(target=call)
     caller.start()
-    while llm.stats()["in_flight"] == 0:
-        time.sleep(0.01)
+    wait_in_flight(llm, 1)
     summarizer.close()
-    caller.join(5)
+    caller.join(30)
     assert [getattr(e, "code", repr(e)) for e in outcomes] == ["llm_closed"]

@@ -21,7 +21,9 @@ from worker.testing.standin_llm import Fault, StandinLLM
 
 KEY_ENV = "TEST_LLM_KEY"
 KEY = "sk-faults-test-key"
-SLACK_S = 0.4  # scheduling noise allowed past a deadline
+SLACK_S = 5.0  # scheduling noise allowed past a deadline, on a loaded machine
+DEADLINE_S = 15.0  # the default: far beyond any healthy exchange with the stand-in
+RESET_S = 2.0  # a breaker's pause: far beyond the checks made while it is open
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +43,9 @@ def config(base_url: str, provider: str = "openai", **overrides: object) -> LLMC
         "provider": provider,
         "base_url": base_url,
         "api_key_env": KEY_ENV,
-        "timeout_s": 0.3,
-        "connect_timeout_s": 0.2,
-        "deadline_s": 1.5,
+        "timeout_s": 5.0,
+        "connect_timeout_s": 2.0,
+        "deadline_s": DEADLINE_S,
         "max_retries": 3,
         "backoff_base_s": 0.01,
         "backoff_max_s": 0.05,
@@ -88,7 +90,7 @@ def test_429_with_retry_after_then_success(llm: StandinLLM, provider: str) -> No
 
 def test_retry_after_seconds_is_waited_for(llm: StandinLLM) -> None:
     llm.enqueue(Fault(status=429, retry_after="1"))
-    with make(llm, deadline_s=3.0) as summarizer:
+    with make(llm, deadline_s=10.0) as summarizer:
         summarizer.summarize(REQUEST)
     first, second = llm.requests
     assert second.received_at - first.received_at >= 0.95
@@ -97,9 +99,9 @@ def test_retry_after_seconds_is_waited_for(llm: StandinLLM) -> None:
 def test_retry_after_beyond_the_deadline_fails_at_once(llm: StandinLLM) -> None:
     later = format_datetime(datetime.now(UTC) + timedelta(seconds=60), usegmt=True)
     llm.enqueue(Fault(status=429, retry_after="30"), Fault(status=429, retry_after=later))
-    with make(llm) as summarizer:
-        assert fails(summarizer, LLMTransientError, "llm_rate_limited") < 0.3
-        assert fails(summarizer, LLMTransientError, "llm_rate_limited") < 0.3
+    with make(llm) as summarizer:  # waiting, even only to the deadline, would take 15 s
+        assert fails(summarizer, LLMTransientError, "llm_rate_limited") < DEADLINE_S / 3
+        assert fails(summarizer, LLMTransientError, "llm_rate_limited") < DEADLINE_S / 3
     assert len(llm.requests) == 2
 
 
@@ -125,24 +127,26 @@ def test_5xx_forever_exhausts_the_retries_within_the_deadline(llm: StandinLLM) -
     with make(llm) as summarizer:
         elapsed = fails(summarizer, LLMTransientError, "llm_server_error")
     assert len(llm.requests) == 4  # max_retries + 1
-    assert elapsed < 1.5
+    assert elapsed < DEADLINE_S
 
 
 def test_a_hanging_provider_times_out_within_the_deadline(llm: StandinLLM) -> None:
     llm.default_fault = Fault(hang=True)
-    with make(llm, timeout_s=0.2, deadline_s=0.7) as summarizer:
+    with make(llm, timeout_s=1.0, deadline_s=2.5, max_retries=20) as summarizer:
         elapsed = fails(summarizer, LLMTransientError, "llm_timeout")
-    assert 0.2 <= elapsed < 0.7 + SLACK_S
-    assert len(llm.requests) >= 2  # a timed-out attempt is retried
+    assert 1.0 <= elapsed < 2.5 + SLACK_S  # the retries alone would allow 21 s
+    # a timed-out attempt is retried, but none starts after the deadline: each lasts 1 s
+    assert 2 <= len(llm.requests) <= 3
 
 
 def test_the_deadline_bounds_the_whole_summary_not_just_one_attempt(llm: StandinLLM) -> None:
-    llm.default_fault = Fault(status=500, latency_s=0.2)
-    with make(llm, timeout_s=1.0, deadline_s=0.5, max_retries=10) as summarizer:
+    llm.default_fault = Fault(status=500, latency_s=0.5)
+    with make(llm, timeout_s=5.0, deadline_s=2.0, max_retries=40) as summarizer:
         start = time.monotonic()
         with pytest.raises(LLMTransientError):
             summarizer.summarize(REQUEST)
-    assert time.monotonic() - start < 0.5 + SLACK_S
+    assert time.monotonic() - start < 2.0 + SLACK_S  # the retries alone would allow 20 s
+    assert 1 <= len(llm.requests) <= 4  # each answer takes 0.5 s: none starts past 2 s
 
 
 @pytest.mark.parametrize(
@@ -216,18 +220,18 @@ def test_an_unusable_base_url_is_a_configuration_error() -> None:
 
 def test_the_circuit_opens_fails_fast_then_half_opens(llm: StandinLLM) -> None:
     llm.default_fault = Fault(status=500)
-    with make(llm, circuit_failure_threshold=3, circuit_reset_s=0.3, max_retries=10) as s:
+    with make(llm, circuit_failure_threshold=3, circuit_reset_s=RESET_S, max_retries=10) as s:
         fails(s, LLMTransientError, "circuit_open")  # opened mid-retries: 3 attempts, not 11
         assert len(llm.requests) == 3
         assert s.circuit_state == "open"
-        assert fails(s, LLMTransientError, "circuit_open") < 0.05  # no request at all
-        assert len(llm.requests) == 3
-        time.sleep(0.35)
+        assert fails(s, LLMTransientError, "circuit_open") < RESET_S / 2
+        assert len(llm.requests) == 3  # no request at all
+        time.sleep(RESET_S + 0.05)
         assert s.circuit_state == "half_open"
         llm.enqueue(Fault(status=500))  # the probe fails: open again after one request
         fails(s, LLMTransientError, "circuit_open")
         assert len(llm.requests) == 4
-        time.sleep(0.35)
+        time.sleep(RESET_S + 0.05)
         llm.default_fault = Fault()
         s.summarize(REQUEST)  # the probe succeeds: closed
         assert s.circuit_state == "closed"
@@ -240,13 +244,21 @@ def test_half_open_lets_exactly_one_probe_through(llm: StandinLLM) -> None:
     with make(llm, circuit_failure_threshold=1, circuit_reset_s=0.2, max_retries=0) as s:
         fails(s, LLMTransientError, "llm_server_error")
         time.sleep(0.25)
-        llm.default_fault = Fault(latency_s=0.2)  # a slow but healthy probe
+        llm.default_fault = Fault()  # a healthy probe, held at the provider until released
         outcomes: list[object] = []
         probe = threading.Thread(target=lambda: outcomes.append(s.summarize(REQUEST)))
-        probe.start()
-        time.sleep(0.1)
-        assert fails(s, LLMTransientError, "circuit_open") < 0.05  # while the probe runs
-        probe.join()
+        llm.hold()
+        try:
+            probe.start()
+            deadline = time.monotonic() + 30
+            while llm.stats()["in_flight"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert llm.stats()["in_flight"] == 1, "the probe never reached the provider"
+            assert fails(s, LLMTransientError, "circuit_open") < 1.0  # while the probe runs
+            assert len(llm.requests) == 2  # the probe only
+        finally:
+            llm.release()
+        probe.join(30)
         assert len(outcomes) == 1 and s.circuit_state == "closed"
     assert len(llm.requests) == 2
 

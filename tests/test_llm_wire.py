@@ -37,8 +37,8 @@ def summarizer(
         "provider": provider,
         "base_url": base,
         "api_key_env": KEY_ENV,
-        "timeout_s": 0.5,
-        "deadline_s": 2.0,
+        "timeout_s": 2.0,  # a healthy answer never takes it, even on a loaded machine
+        "deadline_s": 5.0,
         "backoff_base_s": 0.01,
         "max_retries": 1,
     }

@@ -241,7 +241,7 @@ def test_unsafe_serializers_are_refused(service: Service, tmp_path: Path) -> Non
         # the worker reads its queue in order: once a later valid snapshot is done, the unsafe
         # messages before it have been seen (and refused)
         client.submit(_snapshot("sec-after-pickle"))
-        events = wait_for_outcome(client, "sec-after-pickle", timeout_s=30)
+        events = wait_for_outcome(client, "sec-after-pickle", timeout_s=60)
     finally:
         client.close()
     assert events[-1].type == "compaction.completed"
@@ -306,7 +306,7 @@ def outcomes(service: Service) -> Outcomes:
         for name, (which, mode, _type, _source) in SCENARIOS.items():
             clients[which].submit(_snapshot(f"sec-{name}", mode=mode))
         for name, (which, _mode, _type, _source) in SCENARIOS.items():
-            events[name] = wait_for_outcome(clients[which], f"sec-{name}", timeout_s=30)[-1]
+            events[name] = wait_for_outcome(clients[which], f"sec-{name}", timeout_s=60)[-1]
     finally:
         for client in clients.values():
             client.close()
@@ -555,7 +555,7 @@ def _compact_while_one_is_refused(
         client = Client(with_redis_url(load_settings(config, environ={}), url))
         try:
             client.submit(_snapshot(conversation_id))
-            event = wait_for_outcome(client, conversation_id, timeout_s=30)[-1]
+            event = wait_for_outcome(client, conversation_id, timeout_s=60)[-1]
         finally:
             client.close()
         log = workers.log("w")
@@ -675,7 +675,7 @@ def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         )
     try:
         url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={certs['ca.pem']}"
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:
             try:
                 if redis.Redis.from_url(url, socket_connect_timeout=0.5).ping():
