@@ -3,6 +3,7 @@ submit script as the code runs it, and no pointers to notes users do not have.""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -20,6 +21,9 @@ from worker.config import (
     TranscriptRetention,
     WorkerConfig,
 )
+from worker.history import range_digest
+from worker.models import CONVERSATION_ID_PATTERN
+from worker.queues import EVALUATE_TASK, task_message
 from worker.redis_state import _SUBMIT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -89,12 +93,43 @@ def test_every_key_is_documented() -> None:
         assert f"| `{key}` |" in text, key
 
 
-def test_the_provisional_submit_script_is_the_one_the_code_runs() -> None:
+def test_the_submit_script_is_the_one_the_code_runs() -> None:
     text = (DOCS / "redis-protocol.md").read_text()
     block = re.search(r"```lua\n(.*?)```", text, re.S)
     assert block is not None
     documented = "\n".join(line.strip() for line in block.group(1).splitlines())
     assert documented.strip() == "\n".join(line.strip() for line in _SUBMIT.splitlines()).strip()
+
+
+@pytest.mark.parametrize("page", ["snapshot.md", "redis-protocol.md"])
+def test_the_conversation_id_pattern_is_the_one_the_code_checks(page: str) -> None:
+    text = (DOCS / page).read_text()
+    patterns = re.findall(r"`(\^\[A-Za-z0-9.*?\$)`", text)
+    assert patterns == [CONVERSATION_ID_PATTERN]
+    assert "not starting with `.` or `-`" in text
+
+
+def test_the_documented_task_message_has_the_headers_and_body_the_client_sends() -> None:
+    text = (DOCS / "redis-protocol.md").read_text()
+    section = text[text.index("<!-- protocol-submit -->") : text.index("<!-- /protocol-submit -->")]
+    block = re.search(r"```json\n(.*?)```", section, re.S)
+    assert block is not None
+    documented = json.loads(block.group(1))
+    args = json.loads(base64.b64decode(documented["body"]))[0]
+    body, headers, _ = task_message(EVALUATE_TASK, args)
+    assert json.loads(base64.b64decode(documented["body"])) == body
+    assert list(documented["headers"]) == list(headers)
+    same = {k: v for k, v in headers.items() if k not in ("id", "root_id", "origin")}
+    assert {k: documented["headers"][k] for k in same} == same
+    assert documented["headers"]["id"] == documented["headers"]["root_id"]
+    assert documented["properties"]["correlation_id"] == documented["headers"]["id"]
+
+
+def test_the_range_digest_example_is_what_the_code_computes() -> None:
+    text = (DOCS / "events.md").read_text()
+    example = '`[{"content":"héllo","id":"m1","role":"user"}]`, whose digest is\n'
+    digest = range_digest([{"role": "user", "content": "héllo", "id": "m1"}])
+    assert f"{example}`{digest}`" in text
 
 
 def _anchor(heading: str) -> str:

@@ -4,6 +4,7 @@ what a program in another language does. A real Celery worker process answers.""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import time
@@ -23,6 +24,7 @@ from service_support import (  # noqa: F401 - fixtures: a real Redis and real wo
 )
 
 from worker.client import apply_compaction
+from worker.queues import TaskSender
 
 pytestmark = pytest.mark.slow
 
@@ -53,47 +55,55 @@ def submit(r: redis.Redis, snapshot: dict[str, Any]) -> list[Any]:
     return [reply[0].decode(), int(reply[1])]
 
 
+def documented_message() -> dict[str, Any]:
+    """The task message of step 4, as the page shows it."""
+    section = PROTOCOL[PROTOCOL.index("<!-- protocol-submit -->") :]
+    block = re.search(r"```json\n(.*?)```", section, re.S)
+    assert block is not None
+    message: dict[str, Any] = json.loads(block.group(1))
+    return message
+
+
+EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
 def evaluate_message(conversation_id: str) -> bytes:
-    """Step 4: the Celery message, built by hand as the page shows it."""
+    """Step 4: the page's message, with the fields its table says to fill in."""
     task_id = str(uuid.uuid4())
     args = [conversation_id, time.time()]
-    embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-    body = json.dumps([args, {}, embed]).encode()
-    message = {
-        "body": base64.b64encode(body).decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {
-            "lang": "py",
-            "task": "compactor.evaluate",
-            "id": task_id,
-            "root_id": task_id,
-            "parent_id": None,
-            "group": None,
-            "group_index": None,
-            "shadow": None,
-            "eta": None,
-            "expires": None,
-            "retries": 0,
-            "timelimit": [None, None],
-            "argsrepr": repr(args),
-            "kwargsrepr": "{}",
-            "origin": "another-language",
-            "ignore_result": None,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        },
-        "properties": {
-            "correlation_id": task_id,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": "compactor.evaluate"},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
+    message = documented_message()
+    message["body"] = base64.b64encode(json.dumps([args, {}, EMBED]).encode("utf-8")).decode()
+    headers, properties = message["headers"], message["properties"]
+    headers["id"] = headers["root_id"] = properties["correlation_id"] = task_id
+    headers["argsrepr"] = repr(args)
+    headers["origin"] = "4242@another-language"
+    properties["delivery_tag"] = str(uuid.uuid4())
     return json.dumps(message).encode()
+
+
+def test_the_documented_message_is_what_the_python_client_pushes(redis_url: str) -> None:
+    documented = documented_message()
+    args = json.loads(base64.b64decode(documented["body"]))[0]
+    sender = TaskSender(redis_url)
+    try:
+        task_id = sender.send("compactor.evaluate", args, queue="compactor.evaluate")
+    finally:
+        sender.close()
+    r = redis.Redis.from_url(redis_url)
+    [raw] = r.lrange("compactor.evaluate", 0, -1)
+    r.close()
+    pushed = json.loads(raw)
+    assert pushed["body"] == documented["body"]
+    assert base64.b64decode(pushed["body"]) == json.dumps([args, {}, EMBED]).encode()
+    assert pushed["headers"]["id"] == pushed["headers"]["root_id"] == task_id
+    assert pushed["properties"]["correlation_id"] == task_id
+    assert re.fullmatch(r"[0-9]+@.+", pushed["headers"]["origin"])
+    uuid.UUID(pushed["properties"]["delivery_tag"])
+    for part in ("headers", "properties"):
+        for varying in ("id", "root_id", "origin", "correlation_id", "delivery_tag"):
+            for message in (pushed, documented):
+                message[part].pop(varying, None)
+    assert pushed == documented
 
 
 def read_until_outcome(r: redis.Redis, conv: str, timeout_s: float = 60) -> list[dict[str, Any]]:
@@ -113,14 +123,26 @@ def read_until_outcome(r: redis.Redis, conv: str, timeout_s: float = 60) -> list
     raise AssertionError(f"no outcome for {conv}: {[e['type'] for e in events]}")
 
 
-def apply_as_documented(messages: list[dict[str, Any]], event: dict[str, Any]) -> list[Any]:
+def canonical_json(value: Any) -> str:
+    """events.md, "The range digest": the canonical JSON, as the page gives it."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def apply_as_documented(
+    messages: list[dict[str, Any]], event: dict[str, Any], conversation_id: str
+) -> list[Any]:
     """events.md, "Applying a completed event", for messages that all carry their own ids."""
+    assert event["type"] == "compaction.completed"
+    assert event["conversation_id"] == conversation_id
     c = event["compaction"]
     assert c["replacement"][-1] not in messages
     ids = [m["id"] for m in messages]
     i = ids.index(c["first_id"])
     j = ids.index(c["last_id"], i)
     assert j - i == c["end"] - 1 - c["start"]
+    assert c["range_sha256"] is not None
+    digest = hashlib.sha256(canonical_json(messages[i : j + 1]).encode("utf-8")).hexdigest()
+    assert digest == c["range_sha256"]
     return [*messages[:i], *c["replacement"], *messages[j + 1 :]]
 
 
@@ -146,8 +168,8 @@ def test_a_snapshot_submitted_as_documented_is_compacted_and_its_events_read_as_
     assert outcome["type"] == "compaction.completed", outcome
     schema = json.loads((REPO_ROOT / "docs/schemas/compaction.completed.schema.json").read_text())
     assert list(Draft202012Validator(schema).iter_errors(outcome)) == []
-    applied = apply_as_documented(snapshot["messages"], outcome)
-    assert applied == apply_compaction(snapshot["messages"], outcome)
+    applied = apply_as_documented(snapshot["messages"], outcome, "c-protocol")
+    assert applied == apply_compaction(snapshot["messages"], outcome, conversation_id="c-protocol")
 
     announced = []
     deadline = time.monotonic() + 10
