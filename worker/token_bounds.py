@@ -20,11 +20,10 @@ panics). Here a long text is counted a segment at a time instead:
   than the exact count would make it), and it is the only inexact case.
 
 So ``bounded_count(text)`` equals tiktoken's count for every text without such a stretch and is
-an upper bound otherwise. It is also additive at split points, which the codecs' token accounting
-(:mod:`worker.compress.tally`) relies on: a stretch is judged by its own length, not by where the
-text around it starts. Time is linear in the text (each tiktoken call gets at most
-``SEGMENT_CHARS + RUN_LIMIT`` characters, well under the million at which its pre-tokenizer
-fails) and memory is a segment's worth.
+an upper bound otherwise. A stretch is judged by its own length, not by where the text around
+it starts, so the count is also additive at split points. Time is linear in the text (each
+tiktoken call gets at most ``SEGMENT_CHARS + RUN_LIMIT`` characters, well under the million at
+which its pre-tokenizer fails) and memory is a segment's worth.
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ _CUT = re.compile(
     r"|[A-Za-z0-9](?=[\x00-\x26\x28-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f])"
     r"|[!-/:-@\[-`{-~](?=[ \t])"
 )
+_LOOKAHEAD = 4096
 # Runs of one kind of character that have no split point inside (letters and non-ASCII,
 # whitespace, digits, punctuation): skipped in one step before searching, which makes finding
 # the end of one enormous pre-token about 30 times faster than searching it for split points.
@@ -64,12 +64,9 @@ _RUN = re.compile(r"[A-Za-z\x80-\U0010FFFF]+|\s+|[0-9]+|[!-/:-@\[-`{-~]+")
 def split_points(text: str, start: int = 0, end: int | None = None) -> list[int]:
     """The split points :func:`bounded_count` may cut at, strictly inside ``text[start:end]``."""
     stop = len(text) if end is None else end
-    out: list[int] = []
-    for found in _CUT.finditer(text, start):  # no endpos: the lookaheads see past ``end``
-        if found.end() >= stop:
-            break
-        out.append(found.end())
-    return out
+    # The lookaheads may see this far past ``end`` (a line break before an indented line).
+    window = min(stop + _LOOKAHEAD, len(text))
+    return [found.end() for found in _CUT.finditer(text, start, window) if found.end() < stop]
 
 
 def utf8_bytes(text: str) -> int:
