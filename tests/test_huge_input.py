@@ -124,9 +124,40 @@ NAME_PARTS = ["a", "B", "1", ".", "-", "@", "+", "_", "é", "py", ".py", ".tar",
 
 
 @settings(deadline=None, max_examples=500)
-@given(line=st.lists(st.sampled_from(LINE_PARTS), max_size=8).map("".join))
-def test_error_lines_are_found_as_the_pattern_finds_them(line: str) -> None:
+@given(
+    parts=st.lists(st.sampled_from(LINE_PARTS), max_size=8),
+    padding=st.sampled_from(["", "x" * 2000, " " * 2000]),
+    at=st.integers(0, 8),
+)
+def test_error_lines_are_found_as_the_pattern_finds_them(
+    parts: list[str], padding: str, at: int
+) -> None:
+    line = "".join([*parts[:at], padding, *parts[at:]])  # long lines take the other path
     assert facts._is_error_line(line) is (facts._ERROR_LINE.search(line) is not None)
+
+
+def _old_error_lines(output: str, limit: int = 3) -> list[str]:
+    """facts.error_lines as it was: the pattern searched in every line."""
+    lines: list[str] = []
+    for line in output.splitlines():
+        if facts._ERROR_LINE.search(line):
+            text = line.strip()
+            if len(text) > facts.MAX_ERROR_LINE_CHARS:
+                text = text[: facts.MAX_ERROR_LINE_CHARS - 1] + "…"
+            if text and text not in lines:
+                lines.append(text)
+            if len(lines) >= limit:
+                break
+    return lines
+
+
+BREAKS = ["\n", "\r\n", "\r", "\x0b", "\x1c", "\x85", "\u2028"]
+
+
+@settings(deadline=None, max_examples=500)
+@given(st.lists(st.sampled_from(LINE_PARTS + BREAKS), max_size=30).map("".join))
+def test_error_lines_are_the_lines_the_pattern_finds(output: str) -> None:
+    assert facts.error_lines(output) == _old_error_lines(output)
 
 
 @settings(deadline=None, max_examples=500)

@@ -41,6 +41,8 @@ _ERROR_WORDS = (
     "Permission denied",
 )
 _PYTEST_FAILURE = re.compile(r"E\s{2,}")
+# A line break as str.splitlines() knows them, or the start: where a pytest failure line begins.
+_PYTEST_FAILURE_ANYWHERE = re.compile(r"(?:^|[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029])E\s\s")
 _EMAIL = re.compile(r"@[\w\-]+\.[A-Za-z]")
 _RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>")
 MAX_ERROR_LINE_CHARS = 240
@@ -137,7 +139,11 @@ def argument_strings(arguments: str) -> list[str]:
 
 def error_lines(output: str, *, limit: int = 3) -> list[str]:
     """The first few error-looking lines of a tool result, verbatim (long lines cut)."""
-    lines = []
+    lines: list[str] = []
+    if not any(word in output for word in _ERROR_WORDS) and not _PYTEST_FAILURE_ANYWHERE.search(
+        output
+    ):
+        return lines  # no line can match: the common case, decided without splitting lines
     for line in output.splitlines():
         if _is_error_line(line):
             text = line.strip()
@@ -151,7 +157,7 @@ def error_lines(output: str, *, limit: int = 3) -> list[str]:
 
 
 def _is_error_line(line: str) -> bool:
-    """``_ERROR_LINE.search(line)``, searched only when a line can match."""
+    """``_ERROR_LINE.search(line)``, searched only when the line can match."""
     if any(word in line for word in _ERROR_WORDS):
         return _ERROR_LINE.search(line) is not None
     return _PYTEST_FAILURE.match(line) is not None
