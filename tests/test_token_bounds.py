@@ -174,6 +174,15 @@ def test_bounded_count_is_exact_or_an_upper_bound(encoding: str, text: str) -> N
 
 
 @pytest.mark.usefixtures("tiny_limits")
+def test_a_line_break_inside_whitespace_is_a_cut() -> None:
+    text = "x" * 7 + " " * 20 + "\n" + " " * 40 + "y"  # splits after the line break
+    assert segments(text) == [(0, 28, True), (28, 69, False)]
+    assert bounded_count(get_encoding("o200k_base").encode_ordinary, text) == (
+        _exact("o200k_base", text[:28]) + 41
+    )
+
+
+@pytest.mark.usefixtures("tiny_limits")
 @settings(deadline=None, max_examples=200)
 @given(left=texts, right=texts)
 def test_bounded_count_adds_up_at_split_points(left: str, right: str) -> None:
