@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator, Sequence
 from itertools import pairwise
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -316,3 +317,33 @@ def _lines(text: str) -> Iterator[str]:
 def test_tally_stays_exact_on_ordinary_megabytes() -> None:
     text = _prose(2 * 2**20, seed=4, newlines=True)
     assert TokenTally().count(list(_lines(text))) == _exact("o200k_base", text)
+
+
+# --- the LLM's answer ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["prose", "abab"])
+def test_a_huge_llm_answer_is_fitted_in_bounded_work(
+    answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.summarize.llm import fit_tokens
+
+    text = _prose(8 * 2**20, seed=5, newlines=True) if answer == "prose" else "ab" * (4 * 2**20)
+    enc = get_encoding("o200k_base")
+    sizes: list[int] = []
+    for name in ("encode", "encode_ordinary"):
+        real = getattr(enc, name)
+
+        def spied(piece: str, *args: Any, real: Any = real, **kwargs: Any) -> Any:
+            sizes.append(len(piece))
+            return real(piece, *args, **kwargs)
+
+        monkeypatch.setattr(enc, name, spied)
+    cut, was_cut = fit_tokens(text, 600, None)
+    monkeypatch.undo()
+    assert max(sizes) <= SEGMENT_CHARS + RUN_LIMIT  # the answer was never tokenized whole
+    assert was_cut and text.startswith(cut) and cut == cut.rstrip()
+    assert 0 < _exact("o200k_base", cut) <= 600
+    if answer == "prose":  # exact: the cut the whole text's tokens give
+        ids = get_encoding("o200k_base").encode_ordinary(text)
+        assert cut == get_encoding("o200k_base").decode(ids[:600]).rstrip()
