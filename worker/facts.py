@@ -26,6 +26,23 @@ _ERROR_LINE = re.compile(
     r"(Traceback \(most recent call last\)|^\w*(Error|Exception)\b|\bError:|error:|^E\s{2,}|"
     r"FAILED\b|^FAIL:|fatal:|No such file or directory|command not found|Permission denied)"
 )
+# Every line _ERROR_LINE finds contains one of these or starts like a pytest failure line, and
+# testing for substrings is linear and fast even in one enormous line, unlike the search.
+_ERROR_WORDS = (
+    "Traceback (most recent call last)",
+    "Error",
+    "Exception",
+    "error:",
+    "FAILED",
+    "FAIL:",
+    "fatal:",
+    "No such file or directory",
+    "command not found",
+    "Permission denied",
+)
+_PYTEST_FAILURE = re.compile(r"E\s{2,}")
+# A line break as str.splitlines() knows them, or the start: where a pytest failure line begins.
+_PYTEST_FAILURE_ANYWHERE = re.compile(r"(?:^|[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029])E\s\s")
 _EMAIL = re.compile(r"@[\w\-]+\.[A-Za-z]")
 _RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>")
 MAX_ERROR_LINE_CHARS = 240
@@ -70,7 +87,9 @@ def _looks_like_path(candidate: str) -> bool:
     name = candidate.rstrip("/").rsplit("/", 1)[-1]
     if "/" in candidate.strip("/") or candidate.startswith(("/", "./", "../", "~/")):
         return len(candidate.strip("/.~")) >= 2 and any(c.isalpha() for c in candidate)
-    return bool(_EXTENSION.search(name)) and not name[0].isdigit()
+    # Only the end can match (two name characters, the dot, at most 8 of extension), and
+    # searching a whole enormous name for it would take quadratic time.
+    return bool(_EXTENSION.search(name[-11:])) and not name[0].isdigit()
 
 
 def key_argument(arguments: str) -> str:
@@ -120,9 +139,13 @@ def argument_strings(arguments: str) -> list[str]:
 
 def error_lines(output: str, *, limit: int = 3) -> list[str]:
     """The first few error-looking lines of a tool result, verbatim (long lines cut)."""
-    lines = []
+    lines: list[str] = []
+    if not any(word in output for word in _ERROR_WORDS) and not _PYTEST_FAILURE_ANYWHERE.search(
+        output
+    ):
+        return lines  # no line can match: the common case, decided without splitting lines
     for line in output.splitlines():
-        if _ERROR_LINE.search(line):
+        if _is_error_line(line):
             text = line.strip()
             if len(text) > MAX_ERROR_LINE_CHARS:
                 text = text[: MAX_ERROR_LINE_CHARS - 1] + "…"
@@ -131,6 +154,13 @@ def error_lines(output: str, *, limit: int = 3) -> list[str]:
             if len(lines) >= limit:
                 break
     return lines
+
+
+def _is_error_line(line: str) -> bool:
+    """``_ERROR_LINE.search(line)``, searched only when the line can match."""
+    if any(word in line for word in _ERROR_WORDS):
+        return _ERROR_LINE.search(line) is not None
+    return _PYTEST_FAILURE.match(line) is not None
 
 
 def _failed(output: str, errors: list[str]) -> bool:

@@ -23,6 +23,7 @@ import tiktoken
 
 from worker.cache import ContentCache, FrontCache, Recorder, content_key
 from worker.errors import TokenizerUnavailable
+from worker.token_bounds import bounded_count, cut_prefix
 
 DEFAULT_ENCODING = "o200k_base"
 
@@ -117,9 +118,10 @@ def get_encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
 
 
 def count_tokens(text: str, model: str | None = None) -> int:
-    """Exactly tiktoken's count for ``model``'s encoding (special tokens counted as text)."""
+    """Exactly tiktoken's count for ``model``'s encoding (special tokens counted as text), except
+    for a text with an enormous pre-token, bounded from above (:mod:`worker.token_bounds`)."""
     enc = get_encoding(encoding_name_for_model(model))
-    return len(enc.encode(text, disallowed_special=()))
+    return bounded_count(enc.encode_ordinary, text)
 
 
 def estimate_tokens(text: str) -> int:
@@ -177,7 +179,7 @@ class TiktokenTokenizer:
         return self._cache
 
     def _encode_len(self, text: str) -> int:
-        return len(self._encoding.encode(text, disallowed_special=()))
+        return bounded_count(self._encoding.encode_ordinary, text)
 
     def count(self, text: str) -> int:
         return self._front.get_or_compute(text, lambda: self._encode_len(text))
@@ -210,13 +212,4 @@ TokenCounter = Callable[[str], int]
 
 def cut_to_tokens(text: str, max_tokens: int, model: str | None = None) -> tuple[str, bool]:
     """``text`` cut to at most ``max_tokens`` tokens at a token boundary; (text, was_cut)."""
-    enc = get_encoding(encoding_name_for_model(model))
-    ids = enc.encode(text, disallowed_special=())
-    if len(ids) <= max_tokens:
-        return text, False
-    cut = enc.decode(ids[: max(max_tokens, 0)])
-    # A token can end inside a multi-byte character; drop the replacement char it decodes to.
-    cut = cut.rstrip("\ufffd")
-    while cut and len(enc.encode(cut, disallowed_special=())) > max_tokens:
-        cut = cut[:-1]
-    return cut, True
+    return cut_prefix(get_encoding(encoding_name_for_model(model)), text, max_tokens)

@@ -33,6 +33,7 @@ from itertools import count, islice
 
 import tiktoken
 
+from worker.token_bounds import bounded_count
 from worker.tokens import encoding_name_for_model, get_encoding
 
 _BATCH_BYTES = 8 * 1024  # how much text to count before checking the bounds again
@@ -139,13 +140,17 @@ class TokenTally:
         encoding: tiktoken.Encoding = get_encoding(encoding_name_for_model(model))
         self._encode = encoding.encode_ordinary
         self._cache: dict[str, int] = {}
-        self._newline_tokens = len(self._encode("\n"))
+        self._newline_tokens = self._len("\n")
+
+    def _len(self, text: str) -> int:
+        """tiktoken's count, bounded for an enormous pre-token (:mod:`worker.token_bounds`)."""
+        return bounded_count(self._encode, text)
 
     def count_text(self, text: str) -> int:
         """Tokens of one text, through the cache."""
         cached = self._cache.get(text)
         if cached is None:
-            cached = len(self._encode(text))
+            cached = self._len(text)
             self._cache[text] = cached
         return cached
 
@@ -230,7 +235,7 @@ class TokenTally:
             size = utf8_size(run)
             if size > _BATCH_BYTES:
                 for chunk in chunks(run, _BATCH_BYTES):
-                    yield copies * len(self._encode(chunk)), copies * utf8_size(chunk)
+                    yield copies * self._len(chunk), copies * utf8_size(chunk)
                 continue
             if copies > 1:
                 yield copies * self.count_text(run), copies * size
@@ -253,7 +258,7 @@ class TokenTally:
     def _count_batch(self, batch: list[str], separators: int) -> int:
         if len(batch) == 1:
             return self.count_text(batch[0])
-        return len(self._encode("".join(batch))) - separators * self._newline_tokens
+        return self._len("".join(batch)) - separators * self._newline_tokens
 
 
 def chunks(text: str, size: int) -> Iterator[str]:

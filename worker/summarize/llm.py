@@ -78,7 +78,8 @@ from worker.summarize.resilience import (
     Secret,
     scrub,
 )
-from worker.tokens import count_tokens, encoding_name_for_model, get_encoding
+from worker.token_bounds import SEGMENT_CHARS
+from worker.tokens import count_tokens, cut_to_tokens, encoding_name_for_model, get_encoding
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -463,6 +464,15 @@ def _finish(body: str, request: SummaryRequest, *, chunks: int, secret: Secret |
 def fit_tokens(text: str, limit: int, model: str | None) -> tuple[str, bool]:
     """``text`` cut at a token boundary to at most ``limit`` tokens; (text, was_cut)."""
     enc = get_encoding(encoding_name_for_model(model))
+    if len(text) > SEGMENT_CHARS:
+        # A long answer (up to max_response_bytes): tokenize only the prefix that can stay.
+        head, was_cut = cut_to_tokens(text, limit, model)
+        if not was_cut:
+            return text, False
+        cut = head.rstrip()
+        while cut and len(enc.encode(cut, disallowed_special=())) > limit:
+            cut = cut[:-1]
+        return cut, True
     ids = enc.encode(text, disallowed_special=())
     if len(ids) <= limit:
         return text, False
