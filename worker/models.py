@@ -40,7 +40,9 @@ class ToolCall(_Frozen):
 
 class Message(_Frozen):
     """One normalized message. ``source_index`` is its position in the snapshot's ``messages``
-    (an Anthropic message may yield several of these; -1 is Anthropic's top-level system)."""
+    (an Anthropic message may yield several of these; -1 is Anthropic's top-level system).
+    ``joins_next``: the message belongs with the one after it and is never separated from it
+    (a Responses ``reasoning`` item and the call or message it produced)."""
 
     id: str
     role: Role
@@ -50,6 +52,7 @@ class Message(_Frozen):
     tool_call_id: str | None = None
     tool_name: str | None = None
     source_index: int
+    joins_next: bool = False
 
 
 class ModelInfo(BaseModel):
