@@ -1,21 +1,38 @@
 """The ``responses`` wire format (issue 12 §2): OpenAI Responses API input items normalize to the
 internal model; calls and outputs pair by ``call_id``, reasoning travels with its call, unknown
-items are kept verbatim and counted."""
+items are kept verbatim and counted; compaction keeps all of that intact, in process and from the
+command line."""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from worker import formats
-from worker.client import project
+from worker.client import apply_compaction, project
 from worker.compaction import STRIPPED_ARGUMENTS, STRIPPED_RESPONSE
-from worker.config import CompactionConfig
+from worker.config import CompactionConfig, Settings
 from worker.errors import InvalidSnapshot
+from worker.events import CompactionEvent, parse_event
 from worker.groups import group_messages
 from worker.models import canonical_json
+from worker.pipeline import Adapters, Pipeline, tokens_of
+from worker.snapshots import parse_snapshot
+from worker.summarize import SUMMARY_MARKER
+from worker.tokens import tokenizer_for
+from worker.transcripts import TranscriptStore
+
+if TYPE_CHECKING:
+    from conftest import CliRunner
+
+TOKENIZER = tokenizer_for("gpt-4.1")
 
 WEB_SEARCH = {
     "type": "web_search_call",
@@ -327,3 +344,357 @@ def test_project_elides_old_outputs_in_the_agents_format() -> None:
     sent = project(items, format="responses", config=CompactionConfig(keep_recent_tool_results=1))
     assert sent[2]["output"] == "[Previous: used bash]"
     assert sent[4] == items[4]
+
+
+# --- compaction over generated histories ----------------------------------------------------------
+
+WORDS = ["alpha", "src/app.py", "Error: boom", "ok", "λ", "def f():", "\n", "FAILED t.py::x"]
+texts = st.lists(st.sampled_from(WORDS), max_size=30).map(" ".join)
+long_texts = st.lists(st.sampled_from(WORDS), max_size=300).map(" ".join)
+TOOLS = ["bash", "grep", "read_file", "delegate_task"]
+CALL_KINDS = ["function", "function", "custom", "local_shell", "computer", "shell"]
+
+
+@st.composite
+def _call_pair(draw: st.DrawFn, cid: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    kind = draw(st.sampled_from(CALL_KINDS))
+    body = draw(long_texts)
+    if kind == "function":
+        args = json.dumps({"path": draw(st.sampled_from(WORDS[:3])), "command": draw(texts)})
+        call = {
+            "type": "function_call",
+            "call_id": cid,
+            "name": draw(st.sampled_from(TOOLS)),
+            "arguments": args,
+        }
+        return call, {"type": "function_call_output", "call_id": cid, "output": body}
+    if kind == "custom":
+        call = {
+            "type": "custom_tool_call",
+            "call_id": cid,
+            "name": "apply_patch",
+            "input": draw(texts),
+        }
+        output = [{"type": "input_text", "text": body}]
+        return call, {"type": "custom_tool_call_output", "call_id": cid, "output": output}
+    if kind == "local_shell":
+        call = {
+            "type": "local_shell_call",
+            "id": f"lsh_{cid}",
+            "call_id": cid,
+            "action": {"type": "exec", "command": ["bash", "-c", draw(texts)]},
+            "status": "completed",
+        }
+        return call, {"type": "local_shell_call_output", "id": cid, "output": body}
+    if kind == "computer":
+        call = {
+            "type": "computer_call",
+            "id": f"cu_{cid}",
+            "call_id": cid,
+            "action": {"type": "click", "x": 1, "y": 2},
+            "pending_safety_checks": [],
+            "status": "completed",
+        }
+        shot = {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA=="}
+        return call, {"type": "computer_call_output", "call_id": cid, "output": shot}
+    call = {"type": "shell_call", "call_id": cid, "action": {"commands": [draw(texts)]}}
+    return call, {"type": "shell_call_output", "call_id": cid, "output": body}
+
+
+@st.composite
+def _turn(draw: st.DrawFn, n: int, *, answered: bool = True) -> list[dict[str, Any]]:
+    """Maybe a reasoning item, then 1-3 calls (in parallel), then (when answered) their
+    outputs, in order or not."""
+    turn: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        summary = [{"type": "summary_text", "text": draw(texts)}] if draw(st.booleans()) else []
+        turn.append(
+            {"type": "reasoning", "id": f"rs_{n}", "summary": summary, "encrypted_content": "gAAAA"}
+        )
+    pairs = [draw(_call_pair(f"call_{n}_{k}")) for k in range(draw(st.integers(1, 3)))]
+    turn += [call for call, _ in pairs]
+    if answered:
+        outputs = [out for _, out in pairs]
+        turn += draw(st.permutations(outputs))
+    return turn
+
+
+@st.composite
+def response_histories(draw: st.DrawFn, *, max_turns: int = 12) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        items.append({"type": "message", "role": "developer", "content": "be careful"})
+    for n in range(draw(st.integers(1, max_turns))):
+        kind = draw(st.sampled_from(["user", "assistant", "calls", "calls", "other"]))
+        if kind == "user":
+            text = draw(long_texts) or "go"
+            easy = draw(st.booleans())
+            items.append(
+                {"role": "user", "content": text}
+                if easy
+                else {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": text}],
+                }
+            )
+        elif kind == "assistant":
+            if draw(st.booleans()):
+                items.append({"type": "reasoning", "id": f"rs_a{n}", "summary": []})
+            items.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{n}",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": draw(texts) or "ok"}],
+                }
+            )
+        elif kind == "other":
+            items.append(
+                {
+                    "type": "web_search_call",
+                    "id": f"ws_{n}",
+                    "status": "completed",
+                    "action": {"type": "search", "query": draw(texts)},
+                }
+            )
+        else:
+            items.extend(draw(_turn(n)))
+    if draw(st.booleans()):
+        items.extend(draw(_turn(999, answered=False)))
+    if draw(st.booleans()):  # function calls carry their API item ids too
+        for k, item in enumerate(items):
+            if item.get("type") == "function_call":
+                item["id"] = f"fc_{k}"
+    return items
+
+
+def _snapshot(items: list[dict[str, Any]], threshold: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "conversation_id": "resp-1",
+        "revision": len(items),
+        "model": {"name": "gpt-4.1"},
+        "format": "responses",
+        "messages": items,
+        "config": {"auto_compact_threshold_tokens": threshold, "summary_max_output_tokens": 300},
+        **extra,
+    }
+
+
+def _compact(snap: dict[str, Any], root: Path) -> CompactionEvent:
+    parsed = parse_snapshot(snap, Settings())
+    return Pipeline(parsed.settings, Adapters(store=TranscriptStore(root))).run(parsed)[-1]
+
+
+def _check_pairs(items: list[dict[str, Any]]) -> None:
+    """Every output answers a call before it, once; every reasoning item is followed by
+    something (it came with a call or a message)."""
+    calls: set[str] = set()
+    answered: set[str] = set()
+    for item in items:
+        kind = item.get("type", "message")
+        if kind.endswith("_call") and "call_id" in item:
+            assert item["call_id"] not in calls
+            calls.add(item["call_id"])
+        elif kind.endswith("_call_output"):
+            cid = item.get("call_id", item.get("id"))
+            assert cid in calls and cid not in answered, (cid, items)
+            answered.add(cid)
+
+
+HINTS = st.dictionaries(
+    st.sampled_from(["bash", "grep", "apply_patch", "local_shell", "computer", "shell", "*"]),
+    st.fixed_dictionaries(
+        {
+            "compaction": st.sampled_from(
+                ["keep", "strip", "strip-requests", "strip-responses", "omit"]
+            )
+        }
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=response_histories(), threshold=st.integers(0, 3000), tools=HINTS)
+def test_compaction_keeps_pairs_reasoning_and_ids(
+    items: list[dict[str, Any]], threshold: int, tools: dict[str, Any]
+) -> None:
+    snap = _snapshot(items, threshold, tools=tools)
+    before = copy.deepcopy(items)
+    ids = formats.source_ids(items)
+    with tempfile.TemporaryDirectory() as root:
+        event = _compact(snap, Path(root))
+    assert event.type in ("compaction.completed", "compaction.skipped")
+    if event.type == "compaction.skipped":
+        return
+    c = event.compaction
+    assert c is not None
+    start, end = c.start, c.end
+    assert (c.first_id, c.last_id) == (ids[start], ids[end - 1])
+    # Atomic groups: no call, output or reasoning item is separated from its partners.
+    _check_pairs(items[start:end])
+    _check_pairs(items[:start] + items[end:])
+    for j, item in enumerate(items[:-1]):
+        if item.get("type") == "reasoning":
+            assert j + 1 not in (start, end), (j, start, end)
+    applied = apply_compaction(items, event)
+    assert items == before
+    assert applied[:start] == items[:start]
+    assert applied[start + len(c.replacement) :] == items[end:]
+    _check_pairs(applied)
+    # The replacement: valid input items, without the API's ids, the summary last.
+    for item in c.replacement:
+        assert item.get("type", "message") in (
+            "message",
+            "function_call",
+            "function_call_output",
+            "custom_tool_call",
+            "custom_tool_call_output",
+            "local_shell_call",
+            "local_shell_call_output",
+            "computer_call",
+            "computer_call_output",
+            "shell_call",
+            "shell_call_output",
+        )
+        if item.get("type", "message") in ("message", "function_call", "custom_tool_call"):
+            assert "id" not in item
+    summary = c.replacement[-1]
+    assert summary["type"] == "message" and summary["role"] == "user"
+    assert summary["content"][0]["text"].startswith(SUMMARY_MARKER)
+    # The applied history is a valid snapshot of this format, its ids stable and unique.
+    parsed = parse_snapshot(_snapshot(applied, threshold, tools=tools), Settings())
+    assert parsed.source_ids[:start] == ids[:start]
+    own = [item["id"] for item in items[end:] if "id" in item]
+    assert [item["id"] for item in applied[start + len(c.replacement) :] if "id" in item] == own
+    assert set(own) <= set(parsed.source_ids)
+    assert tokens_of(applied, parsed, TOKENIZER) == c.tokens_after
+
+
+# --- unknown items: verbatim and counted ----------------------------------------------------------
+
+
+def _conversation(extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "developer", "content": "sys"},
+        {"role": "user", "content": "Fix the bug in src/app.py please."},
+    ]
+    for k in range(8):
+        items.append(_reasoning(k))
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{k}",
+                "call_id": f"c{k}",
+                "name": "bash",
+                "arguments": json.dumps({"command": f"run {k}"}),
+            }
+        )
+        items.append(
+            {
+                "type": "function_call_output",
+                "call_id": f"c{k}",
+                "output": f"output {k} " + "data " * 200,
+            }
+        )
+    items.append({"role": "user", "content": "Now also update the docs."})
+    items += extra or []
+    items.append({"type": "message", "id": "msg_last", "role": "assistant", "content": "On it."})
+    return items
+
+
+def test_unknown_items_are_counted_and_survive_apply_verbatim(tmp_path: Path) -> None:
+    unknown = {"type": "future_tool_call", "id": "ft_1", "payload": {"q": "a long query " * 20}}
+    plain, grown = _conversation(), _conversation([unknown])
+    parsed = parse_snapshot(_snapshot(plain, 100_000), Settings())
+    assert tokens_of(grown, parsed, TOKENIZER) > tokens_of(plain, parsed, TOKENIZER) + 40
+    # The newest item (the protected tail) survives the compaction as it was.
+    newest = [*plain, unknown]
+    event = _compact(_snapshot(newest, 600), tmp_path)
+    assert event.type == "compaction.completed" and event.compaction is not None
+    assert event.compaction.end == len(newest) - 1
+    applied = apply_compaction(newest, event)
+    assert applied[-1] is unknown
+    assert [item for item in applied if item.get("type") == "future_tool_call"] == [unknown]
+    # Inside the range it goes to the summary input (never silently dropped) and the transcript.
+    early = _conversation()
+    early.insert(3, unknown)
+    event = _compact(_snapshot(early, 600), tmp_path / "early")
+    assert event.compaction is not None and event.compaction.transcript is not None
+    assert event.compaction.start <= 3 < event.compaction.end
+    transcript = json.loads(Path(event.compaction.transcript.uri).read_text())
+    assert unknown in transcript["messages"]
+
+
+def test_kept_tools_are_carried_as_valid_items(tmp_path: Path) -> None:
+    items = _conversation()
+    event = _compact(
+        _snapshot(items, 600, tools={"bash": {"compaction": "strip-responses"}}), tmp_path
+    )
+    assert event.type == "compaction.completed" and event.compaction is not None
+    carried = event.compaction.replacement[:-1]
+    calls = [i for i in carried if i.get("type") == "function_call"]
+    outputs = [i for i in carried if i.get("type") == "function_call_output"]
+    assert calls and len(calls) == len(outputs)
+    assert all("id" not in i for i in calls)  # its reasoning item is not carried
+    assert {o["output"] for o in outputs} == {STRIPPED_RESPONSE}
+    assert all(i.get("type") != "reasoning" for i in carried)
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+
+def test_cli_compacts_a_responses_snapshot(run_cli: CliRunner) -> None:
+    items = [*_conversation(), WEB_SEARCH]
+    snap = _snapshot(items, 600)
+    path = run_cli.cwd / "snapshot.json"
+    path.write_text(json.dumps(snap), encoding="utf-8")
+    result = run_cli("compact", path)
+    assert result.code == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert [e["type"] for e in events][-1] == "compaction.completed"
+    event = events[-1]
+    parse_event(event)
+    comp = event["compaction"]
+    assert comp["format"] == "responses"
+    assert comp["tokens_after"] < comp["tokens_before"]
+    applied = apply_compaction(items, event)
+    assert applied == items[: comp["start"]] + comp["replacement"] + items[comp["end"] :]
+    assert applied[-1] == WEB_SEARCH
+    formats.to_messages("responses", applied)  # still a valid history
+
+
+def test_cli_rejects_a_bad_item_naming_the_field(run_cli: CliRunner) -> None:
+    snap = _snapshot([{"role": "user", "content": "hi"}, OUT], 600)
+    path = run_cli.cwd / "snapshot.json"
+    path.write_text(json.dumps(snap), encoding="utf-8")
+    result = run_cli("compact", path)
+    assert result.code == 2
+    error = json.loads(result.stderr.strip().splitlines()[-1])
+    assert error["error"] == "invalid_snapshot"
+    assert error["field"] == "messages[1]"
+
+
+# --- reuse of an earlier parse ------------------------------------------------------------------
+
+
+def test_a_parse_reusing_an_earlier_one_equals_a_fresh_parse() -> None:
+    """Items equal under ``==`` whose JSON differs (1, 1.0, true) are normalized again."""
+    first = [
+        *ITEMS,
+        {"type": "future_call", "n": 1},
+        {"type": "shell_call", "call_id": "s1", "action": {"timeout": 1}},
+        {"type": "shell_call_output", "call_id": "s1", "output": {"code": 1}},
+    ]
+    second = copy.deepcopy(first)
+    second[-3]["n"] = 1.0
+    second[-2]["action"]["timeout"] = True
+    second[-1]["output"]["code"] = 1.0
+    second.append({"role": "user", "content": "more"})
+    earlier = parse_snapshot(_snapshot(first, 100_000), Settings())
+    reused = parse_snapshot(_snapshot(second, 100_000), Settings(), earlier=earlier)
+    fresh = parse_snapshot(_snapshot(second, 100_000), Settings())
+    assert reused.messages == fresh.messages
+    assert reused.source_ids == fresh.source_ids
+    assert fresh.messages[-4].content == '{"n":1.0,"type":"future_call"}'
