@@ -698,3 +698,73 @@ def test_a_parse_reusing_an_earlier_one_equals_a_fresh_parse() -> None:
     assert reused.messages == fresh.messages
     assert reused.source_ids == fresh.source_ids
     assert fresh.messages[-4].content == '{"n":1.0,"type":"future_call"}'
+
+
+# --- hostile items --------------------------------------------------------------------------------
+
+ODD_VALUES = st.sampled_from(
+    [
+        None,
+        0,
+        1.0,
+        True,
+        "",
+        "x",
+        "\ud800",
+        [],
+        {},
+        [{"type": 1}],
+        [{"type": "input_text"}],
+        {"type": "computer_screenshot"},
+        [{"type": "summary_text", "text": 2}],
+    ]
+)
+ITEM_KEYS = ["type", "role", "content", "call_id", "id", "name", "arguments", "input", "output",
+             "summary", "encrypted_content", "action"]  # fmt: skip
+ITEM_TYPES = ["message", "reasoning", "function_call", "function_call_output", "custom_tool_call",
+              "custom_tool_call_output", "local_shell_call_output", "computer_call_output",
+              "web_search_call", "x_call", "x_call_output", "", "_call"]  # fmt: skip
+
+
+@st.composite
+def _mutated(draw: st.DrawFn) -> list[Any]:
+    items: list[Any] = copy.deepcopy(draw(response_histories(max_turns=6)))
+    for _ in range(draw(st.integers(1, 3))):
+        if not items:
+            break
+        k = draw(st.integers(0, len(items) - 1))
+        op = draw(st.sampled_from(["set", "type", "delete", "replace", "duplicate"]))
+        if op == "replace":
+            items[k] = draw(ODD_VALUES)
+        elif op == "duplicate":
+            items.insert(k, copy.deepcopy(items[k]))
+        elif isinstance(items[k], dict):
+            key = draw(st.sampled_from(ITEM_KEYS))
+            if op == "set":
+                items[k][key] = draw(ODD_VALUES)
+            elif op == "type":
+                items[k]["type"] = draw(st.sampled_from(ITEM_TYPES))
+            else:
+                items[k].pop(key, None)
+    return items
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=_mutated(), threshold=st.integers(0, 2000))
+def test_mutated_items_are_compacted_or_rejected_with_a_field(
+    items: list[Any], threshold: int
+) -> None:
+    snap = _snapshot(items, threshold)
+    try:
+        parsed = parse_snapshot(snap, Settings())
+    except InvalidSnapshot as exc:
+        assert exc.field.startswith("messages"), exc.field
+        assert exc.reason
+        return
+    with tempfile.TemporaryDirectory() as root:
+        event = Pipeline(parsed.settings, Adapters(store=TranscriptStore(Path(root)))).run(parsed)
+    last = event[-1]
+    assert last.type in ("compaction.completed", "compaction.skipped"), last
+    if last.type == "compaction.completed":
+        assert last.compaction is not None
+        formats.to_messages("responses", apply_compaction(items, last))  # still valid
