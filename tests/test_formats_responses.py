@@ -683,21 +683,24 @@ def test_a_parse_reusing_an_earlier_one_equals_a_fresh_parse() -> None:
     """Items equal under ``==`` whose JSON differs (1, 1.0, true) are normalized again."""
     first = [
         *ITEMS,
-        {"type": "future_call", "n": 1},
-        {"type": "shell_call", "call_id": "s1", "action": {"timeout": 1}},
-        {"type": "shell_call_output", "call_id": "s1", "output": {"code": 1}},
+        {"type": "future_call", "id": "f1", "n": 1},  # own ids: derived ids would differ
+        {"type": "shell_call", "id": "sh1", "call_id": "s1", "action": {"timeout": 1}},
+        {"type": "shell_call_output", "id": "sho1", "call_id": "s1", "output": {"code": 1}},
+        {"type": "x_call_output", "id": "xo1", "output": "a", "n": 1},  # no call_id: unknown
     ]
     second = copy.deepcopy(first)
-    second[-3]["n"] = 1.0
-    second[-2]["action"]["timeout"] = True
-    second[-1]["output"]["code"] = 1.0
+    second[-4]["n"] = 1.0
+    second[-3]["action"]["timeout"] = True
+    second[-2]["output"]["code"] = 1.0
+    second[-1]["n"] = 1.0
     second.append({"role": "user", "content": "more"})
     earlier = parse_snapshot(_snapshot(first, 100_000), Settings())
     reused = parse_snapshot(_snapshot(second, 100_000), Settings(), earlier=earlier)
     fresh = parse_snapshot(_snapshot(second, 100_000), Settings())
     assert reused.messages == fresh.messages
     assert reused.source_ids == fresh.source_ids
-    assert fresh.messages[-4].content == '{"n":1.0,"type":"future_call"}'
+    assert fresh.messages[-5].content == '{"id":"f1","n":1.0,"type":"future_call"}'
+    assert fresh.messages[-2].content == '{"id":"xo1","n":1.0,"output":"a","type":"x_call_output"}'
 
 
 # --- hostile items --------------------------------------------------------------------------------
@@ -768,3 +771,55 @@ def test_mutated_items_are_compacted_or_rejected_with_a_field(
     if last.type == "compaction.completed":
         assert last.compaction is not None
         formats.to_messages("responses", apply_compaction(items, last))  # still valid
+
+
+_EDITS = st.lists(
+    st.tuples(st.sampled_from(["drop", "edit", "own-id", "number", "bool"]), st.integers(0, 40)),
+    max_size=4,
+)
+
+
+def _edited(items: list[dict[str, Any]], edits: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    out = copy.deepcopy(items)
+    for kind, at in edits:
+        i = at % len(out)
+        if kind == "drop" and len(out) > 1:
+            out.pop()
+        elif kind == "edit":
+            out[i] = {**out[i], "x_note": f"edited {at}"}
+        elif kind == "own-id":
+            out[i] = {**out[i], "id": f"own-{at}"}
+        elif kind in ("number", "bool"):  # == between snapshots, but not the same JSON
+            out[i] = {**out[i], "id": f"flag-{i}", "x_flag": 1 if kind == "number" else True}
+    return out
+
+
+def _parse_outcome(snap: dict[str, Any], earlier: Any) -> Any:
+    try:
+        parsed = parse_snapshot(snap, Settings(), earlier=earlier)
+    except InvalidSnapshot as exc:
+        return ("rejected", exc.field, exc.reason)
+    return (parsed.source_ids, parsed.plain, [m.model_dump() for m in parsed.messages])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=response_histories(max_turns=6), more=response_histories(max_turns=3),
+       first=_EDITS, then=_EDITS)  # fmt: skip
+def test_a_reusing_parse_is_the_parse_from_scratch(
+    items: list[dict[str, Any]],
+    more: list[dict[str, Any]],
+    first: list[tuple[str, int]],
+    then: list[tuple[str, int]],
+) -> None:
+    one = _edited(items, first)
+    grown = [*one, *(m for m in more if m.get("type") not in ("function_call_output",))]
+    two = _edited(grown, then)
+    for item in two:  # 1 -> 1.0, true -> 1: still == to the first snapshot's items
+        if "x_flag" in item:
+            item["x_flag"] = 1.0 if item["x_flag"] is not True else 1
+    try:
+        earlier = parse_snapshot(_snapshot(one, 100_000), Settings())
+    except InvalidSnapshot:
+        return
+    snap = {**_snapshot(two, 100_000), "revision": 10**6}
+    assert _parse_outcome(snap, earlier) == _parse_outcome(snap, None)

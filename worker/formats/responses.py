@@ -67,14 +67,34 @@ def system_messages(system: Any) -> list[Message]:
 
 def reusable(raw: dict[str, Any]) -> bool:
     """Whether an equal (``==``) item always normalizes to the same message: not when canonical
-    JSON of the item is read (1, 1.0 and true are ``==`` but differ there), unless it holds no
-    number or boolean."""
-    kind = raw.get("type", "message")
-    if kind in ("message", "reasoning", "function_call", "custom_tool_call"):
-        return True
-    if kind.endswith(_OUTPUT) if isinstance(kind, str) else False:
-        return isinstance(raw.get("output"), str | list) or is_plain_json(raw.get("output"))
-    return is_plain_json(raw)
+    JSON is read (1, 1.0 and true are ``==`` but differ there), unless it holds no number or
+    boolean."""
+    kind = raw.get("type")
+    role = _role(raw)
+    if role in ("message", "reasoning") or kind in _ARGUMENT_FIELDS:
+        return True  # only strings are read
+    if role == "output":
+        output = raw.get("output")
+        return isinstance(output, str | list) or is_plain_json(output)
+    return is_plain_json(raw)  # a call's arguments or an unknown item: canonical JSON
+
+
+def _role(raw: dict[str, Any]) -> str | None:
+    """What an item is read as: ``message``, ``reasoning``, ``call``, ``output`` or ``other``
+    (kept verbatim); None without a usable type."""
+    kind = raw.get("type")
+    if kind is None and "role" in raw:
+        return "message"
+    if not isinstance(kind, str) or not kind:
+        return None
+    if kind in ("message", "reasoning"):
+        return kind
+    paired = kind in _ARGUMENT_FIELDS or kind in _KNOWN_OUTPUTS or raw.get("call_id") is not None
+    if paired and kind.endswith("_call"):
+        return "call"
+    if paired and kind.endswith("_call" + _OUTPUT):
+        return "output"
+    return "other"
 
 
 def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
@@ -83,21 +103,19 @@ def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str
 
 
 def _item(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:
-    where = f"messages[{index}]"
-    kind = raw.get("type")
-    if kind is None and "role" in raw:
-        kind = "message"
-    if not isinstance(kind, str) or not kind:
-        raise InvalidSnapshot(f"{where}.type", "an item needs a string 'type' (or a 'role')")
-    if kind == "message":
+    role = _role(raw)
+    if role is None:
+        raise InvalidSnapshot(
+            f"messages[{index}].type", "an item needs a string 'type' (or a 'role')"
+        )
+    if role == "message":
         return _message(index, raw, mid)
-    if kind == "reasoning":
+    if role == "reasoning":
         return _reasoning(index, raw, mid)
-    known = kind in _ARGUMENT_FIELDS or kind in _KNOWN_OUTPUTS
-    if kind.endswith("_call") and (known or raw.get("call_id") is not None):
-        return _call(index, kind, raw, mid)
-    if kind.endswith("_call" + _OUTPUT) and (known or raw.get("call_id") is not None):
-        return _output(index, kind, raw, mid, names)
+    if role == "call":
+        return _call(index, raw["type"], raw, mid)
+    if role == "output":
+        return _output(index, raw["type"], raw, mid, names)
     return Message(id=mid, role="assistant", content=canonical_json(raw), source_index=index)
 
 
