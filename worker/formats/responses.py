@@ -69,17 +69,18 @@ def reusable(raw: dict[str, Any]) -> bool:
     """Whether an equal (``==``) item always normalizes to the same message: not when canonical
     JSON is read (1, 1.0 and true are ``==`` but differ there), unless it holds no number or
     boolean."""
-    kind = raw.get("type")
-    role = _role(raw)
-    if role in ("message", "reasoning") or kind in _ARGUMENT_FIELDS:
+    reading = _reading(raw)
+    if reading in ("message", "reasoning") or (
+        reading == "call" and raw["type"] in _ARGUMENT_FIELDS
+    ):
         return True  # only strings are read
-    if role == "output":
+    if reading == "output":
         output = raw.get("output")
         return isinstance(output, str | list) or is_plain_json(output)
     return is_plain_json(raw)  # a call's arguments or an unknown item: canonical JSON
 
 
-def _role(raw: dict[str, Any]) -> str | None:
+def _reading(raw: dict[str, Any]) -> str | None:
     """What an item is read as: ``message``, ``reasoning``, ``call``, ``output`` or ``other``
     (kept verbatim); None without a usable type."""
     kind = raw.get("type")
@@ -103,18 +104,18 @@ def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str
 
 
 def _item(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:
-    role = _role(raw)
-    if role is None:
+    reading = _reading(raw)
+    if reading is None:
         raise InvalidSnapshot(
             f"messages[{index}].type", "an item needs a string 'type' (or a 'role')"
         )
-    if role == "message":
+    if reading == "message":
         return _message(index, raw, mid)
-    if role == "reasoning":
+    if reading == "reasoning":
         return _reasoning(index, raw, mid)
-    if role == "call":
+    if reading == "call":
         return _call(index, raw["type"], raw, mid)
-    if role == "output":
+    if reading == "output":
         return _output(index, raw["type"], raw, mid, names)
     return Message(id=mid, role="assistant", content=canonical_json(raw), source_index=index)
 
