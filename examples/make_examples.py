@@ -258,6 +258,63 @@ def delegating_session() -> dict[str, Any]:
     }
 
 
+def responses_session() -> dict[str, Any]:
+    """The coding session as OpenAI Responses API input items (the Agents SDK's history):
+    reasoning before each call, a web search, API item ids on what the model produced."""
+    coding = coding_session()
+    items: list[dict[str, Any]] = []
+    for n, m in enumerate(coding["messages"]):
+        if m["role"] == "system":
+            items.append({"type": "message", "role": "developer", "content": m["content"]})
+        elif m["role"] == "user":
+            items.append(
+                {"role": "user", "content": [{"type": "input_text", "text": m["content"]}]}
+            )
+        elif m["role"] == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m["tool_call_id"],
+                    "output": m["content"],
+                }
+            )
+        else:
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_{n:03d}",
+                    "summary": [{"type": "summary_text", "text": m["content"]}],
+                    "encrypted_content": "gAAAAB" + "x" * 40,
+                }
+            )
+            for call in m["tool_calls"]:
+                items.append(
+                    {
+                        "type": "function_call",
+                        "id": f"fc_{n:03d}",
+                        "call_id": call["id"],
+                        "name": call["function"]["name"],
+                        "arguments": call["function"]["arguments"],
+                        "status": "completed",
+                    }
+                )
+        if n == 5:
+            items.append(
+                {
+                    "type": "web_search_call",
+                    "id": "ws_001",
+                    "status": "completed",
+                    "action": {"type": "search", "query": "token bucket burst window edge"},
+                }
+            )
+    return coding | {
+        "conversation_id": "demo-responses-1",
+        "revision": len(items),
+        "format": "responses",
+        "messages": items,
+    }
+
+
 def short_session() -> dict[str, Any]:
     return {
         "conversation_id": "demo-short-1",
@@ -274,6 +331,7 @@ def main() -> None:
     for name, snapshot in [
         ("coding-session.json", coding_session()),
         ("delegating-session.json", delegating_session()),
+        ("responses-session.json", responses_session()),
         ("short-session.json", short_session()),
     ]:
         (HERE / name).write_text(json.dumps(snapshot, indent=1, ensure_ascii=False) + "\n")

@@ -2,7 +2,9 @@
 
 A group is a system message, a user turn, an assistant reply, or a tool exchange: an assistant
 message that calls tools together with every result that answers it (and anything that sits
-between them). Messages that came from one wire message (Anthropic) always share a group.
+between them). Messages that came from one wire message (Anthropic) always share a group, and
+a message marked ``joins_next`` (a Responses ``reasoning`` item) shares the group of the message
+after it: reasoning travels with the call (and so the results) or the reply it produced.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def _reach(messages: list[Message]) -> list[int]:
     for i, m in enumerate(messages):
         last_of_source[m.source_index] = i
         first_of_source.setdefault(m.source_index, i)
+        if m.joins_next and i + 1 < len(messages):
+            reach[i] = max(reach[i], i + 2)
         for call in m.tool_calls:
             j = result_at.get(call.id)
             if j is not None and j >= i:

@@ -1,10 +1,11 @@
 """The models of what comes in: snapshots, and the internal message model they normalize to
 (events, what goes out, are in :mod:`worker.events`).
 
-Snapshots carry the agent's messages in their wire format (``openai`` Chat Completions or
-``anthropic`` Messages). They are normalized once, by :mod:`worker.formats`, into
-:class:`Message` objects that the pure core works on; the raw messages are kept as they came,
-because the transcript stores them and the agent applies events to them.
+Snapshots carry the agent's messages in their wire format (``openai`` Chat Completions,
+``anthropic`` Messages or ``responses``, the OpenAI Responses API's input items). They are
+normalized once, by :mod:`worker.formats`, into :class:`Message` objects that the pure core
+works on; the raw messages are kept as they came, because the transcript stores them and the
+agent applies events to them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 Role = Literal["system", "user", "assistant", "tool"]
-WireFormat = Literal["openai", "anthropic"]
+WireFormat = Literal["openai", "anthropic", "responses"]
 # 2**53 - 1: exact in JSON numbers everywhere and in Redis' Lua (doubles). Transcript names
 # carry it zero-padded to 18 digits, so they sort by revision.
 MAX_REVISION = 2**53 - 1
@@ -40,7 +41,9 @@ class ToolCall(_Frozen):
 
 class Message(_Frozen):
     """One normalized message. ``source_index`` is its position in the snapshot's ``messages``
-    (an Anthropic message may yield several of these; -1 is Anthropic's top-level system)."""
+    (an Anthropic message may yield several of these; -1 is Anthropic's top-level system).
+    ``joins_next``: the message belongs with the one after it and is never separated from it
+    (a Responses ``reasoning`` item and the call or message it produced)."""
 
     id: str
     role: Role
@@ -50,6 +53,7 @@ class Message(_Frozen):
     tool_call_id: str | None = None
     tool_name: str | None = None
     source_index: int
+    joins_next: bool = False
 
 
 class ModelInfo(BaseModel):

@@ -528,7 +528,7 @@ def build_compaction(
     snap = parsed.snapshot
     plan = prepared.plan
     with_ids = any("id" in raw for raw in snap.messages)
-    replacement = formats.render(snap.format, plan.carried, with_ids=with_ids)
+    replacement = formats.render(snap.format, plan.carried, with_ids=with_ids, source=snap.messages)
     replacement.append(
         formats.text_message(
             snap.format,

@@ -1,7 +1,8 @@
 """Wire formats: agents' messages <-> the internal :class:`~worker.models.Message` model.
 
-One module per format. Each offers the same four functions, dispatched here:
-``to_messages`` (validate and normalize), ``render`` (internal -> wire, for replacements),
+One module per format (``openai``, ``anthropic``, ``responses``). Each offers the same functions,
+dispatched here: ``system_messages``, ``reusable`` and ``wire_message`` (validate and normalize:
+``to_messages``), ``render`` (internal -> wire, for replacements),
 ``text_message`` and ``replace_tool_results`` (the projected request, edited in the agent's own
 wire format so that everything we do not understand, such as images, passes through untouched).
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.errors import InvalidSnapshot
-from worker.formats import anthropic, openai
+from worker.formats import anthropic, openai, responses
 from worker.models import (
     Message,
     WireFormat,
@@ -21,7 +22,7 @@ from worker.models import (
     is_plain_json,
 )
 
-_MODULES = {"openai": openai, "anthropic": anthropic}
+_MODULES = {"openai": openai, "anthropic": anthropic, "responses": responses}
 MAX_ID_CHARS = 256
 
 
@@ -232,8 +233,22 @@ def _where(m: Message) -> str:
     return f"messages[{m.source_index}]" if m.source_index >= 0 else "system"
 
 
-def render(fmt: WireFormat, messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
-    rendered: list[dict[str, Any]] = _MODULES[fmt].render(messages, with_ids=with_ids)
+def render(
+    fmt: WireFormat,
+    messages: list[Message],
+    *,
+    with_ids: bool,
+    source: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Wire messages for ``messages`` (carried into a replacement). ``source``: the wire
+    messages their ``source_index`` points into; a format may copy what it cannot rebuild
+    (``responses`` copies unchanged items)."""
+    module = _MODULES[fmt]
+    rendered: list[dict[str, Any]]
+    if fmt == "responses":
+        rendered = module.render(messages, with_ids=with_ids, source=source)
+    else:
+        rendered = module.render(messages, with_ids=with_ids)
     return rendered
 
 
