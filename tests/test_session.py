@@ -23,7 +23,7 @@ from service_support import (  # noqa: F401 - fixtures
 )
 
 from worker import formats, keys
-from worker.client import Client
+from worker.client import Client, project
 from worker.config import CompactionConfig, Settings, with_redis_url
 from worker.embedded import EmbeddedRedis
 from worker.models import canonical_json
@@ -176,6 +176,7 @@ def drive(cluster: Any, conversation_id: str, turns: list[list[Any]], window: in
     )
     original: list[dict[str, Any]] = []
     largest = 0
+    config = cluster.client.settings.compaction
     try:
         for turn in turns:
             session.extend(turn)
@@ -183,6 +184,8 @@ def drive(cluster: Any, conversation_id: str, turns: list[list[Any]], window: in
             wait_until(lambda: settled(session), what=lambda: session.status)
             request = session.request_messages()
             assert_every_call_answered(request)
+            # computed for the new messages only, it is the projection of the whole history
+            assert request == project(session.messages, model="gpt-4.1", config=config)
             if session.compactions:
                 tokens = request_tokens(request)
                 largest = max(largest, tokens)

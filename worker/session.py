@@ -146,6 +146,12 @@ class _Core:
         self._history: list[dict[str, Any]] = [_own(m) for m in messages]
         self._version = 0  # bumped on every change of the history
         self._projected: tuple[int, list[dict[str, Any]]] | None = None
+        # (the history last projected, its projection): the base of an incremental projection
+        self._projection_base: tuple[list[Any], list[dict[str, Any]]] | None = None
+        self._per_result = (
+            self.projection_config.keep_recent_tool_results is None
+            and self.projection_config.projected_tool_result_budget is None
+        )
         self._revision = -1
         # The first revision the service accepted from this session (its line of history):
         # completed events of older revisions belong to an earlier use of the conversation id.
@@ -289,22 +295,40 @@ class _Core:
             return held
 
     def _project(self) -> list[dict[str, Any]]:
+        """The projected request, computed for the new messages only when the history grew by
+        appending and every tool result projects on its own (no keep-recent rule, no budget:
+        then each result's body depends only on itself and its tool's name)."""
         with self._lock:
             cached = self._projected
             if cached is not None and cached[0] == self._version:
                 return list(cached[1])
             version, history = self._version, list(self._history)
-        request = project(
-            history,
+            base = self._projection_base
+        request = None
+        if base is not None and self._per_result:
+            raw, projected = base
+            same = zip(raw, history[: len(raw)], strict=True)
+            if len(raw) <= len(history) and all(a is b for a, b in same):
+                start = _slice_start(history, len(raw))
+                if start is not None:
+                    with contextlib.suppress(CompactorError):  # then the whole, which says why
+                        request = projected[:start] + self._project_all(history[start:])
+        if request is None:
+            request = self._project_all(history)
+        with self._lock:
+            self._projected = (version, request)
+            self._projection_base = (history, request)
+        return list(request)
+
+    def _project_all(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return project(
+            messages,
             format=self.format,
             config=self.projection_config,
             model=self.model,
             system=self.system,
             compressed=self._reuse.compressed,
         )
-        with self._lock:
-            self._projected = (version, request)
-        return list(request)
 
     # --- undo and recall ----------------------------------------------------------------------
 
@@ -734,10 +758,14 @@ class CompactingSession(_Core):
                             continue
                     backoff = 0.0
             except CompactorError as exc:
+                if self._stop.is_set():
+                    return
                 backoff = min(max(BACKOFF_START_S, backoff * 2), BACKOFF_MAX_S)
                 self._follow_failed(exc, backoff)
                 self._stop.wait(backoff)
             except Exception:
+                if self._stop.is_set():  # the client was closed under the follower's read
+                    return
                 log.exception("reading events of %s failed", self.conversation_id)
                 self._stop.wait(BACKOFF_MAX_S)
 
@@ -923,6 +951,24 @@ def _tool_refs(message: dict[str, Any], *, results: bool) -> list[str]:
                 refs.append(call["id"])
         refs += [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
     return refs
+
+
+def _slice_start(history: list[dict[str, Any]], known: int) -> int | None:
+    """Where to start projecting ``history[known:]`` on its own: back to the calls its tool
+    results answer (None: some call is not in the history at all)."""
+    need: set[str] = set()
+    for m in history[known:]:
+        need.update(_tool_refs(m, results=True))
+    for m in history[known:]:
+        need.difference_update(_tool_refs(m, results=False))
+    start = known
+    while need:
+        if start == 0:
+            return None
+        start -= 1
+        need.update(_tool_refs(history[start], results=True))
+        need.difference_update(_tool_refs(history[start], results=False))
+    return start
 
 
 def _resolve_config(
