@@ -429,3 +429,68 @@ def test_the_async_session_compacts_recalls_and_undoes(cluster: Any) -> None:
             assert session.messages == original
 
     asyncio.run(run())
+
+
+# --- the incremental projection -----------------------------------------------------------
+
+
+def anthropic_turns(count: int) -> list[list[dict[str, Any]]]:
+    turns: list[list[dict[str, Any]]] = [[{"role": "user", "content": "Fix the failing test."}]]
+    for k in range(count):
+        call = {"type": "tool_use", "id": f"toolu_{k}", "name": "bash", "input": {"n": k}}
+        body = "\n".join(["PASSED tests/test_core.py::test_parse"] * 60 + [f"done {k}"])
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": body}
+        turns.append(
+            [
+                {"role": "assistant", "content": [{"type": "text", "text": f"Step {k}."}, call]},
+                {"role": "user", "content": [result, {"type": "text", "text": "go on"}]},
+            ]
+        )
+    return turns
+
+
+def compressible_openai_turns(count: int) -> list[list[dict[str, Any]]]:
+    turns = synthetic_turns(count)
+    for k, turn in enumerate(turns[1:]):
+        turn[1]["content"] = "\n".join(["ok tests/test_core.py::test_parse"] * 60 + [f"{k}"])
+    return turns
+
+
+@pytest.mark.parametrize("fmt", ["openai", "anthropic"])
+@pytest.mark.parametrize("config", [None, {"keep_recent_tool_results": 3}], ids=["own", "recent"])
+def test_the_request_is_the_projection_of_the_whole_history(
+    redis_server: str,
+    fmt: str,
+    config: dict[str, Any] | None,
+) -> None:
+    """Whether computed for the new messages only (each result projects on its own) or
+    whole (a rule couples the results), and across an edit, the request is ``project`` of the
+    history."""
+    client = Client(with_redis_url(Settings(), redis_server))
+    system = "You are a coding agent." if fmt == "anthropic" else None
+    session = CompactingSession(
+        f"c-session-projection-{fmt}-{bool(config)}",
+        client=client,
+        format=fmt,  # type: ignore[arg-type]
+        model="gpt-4.1",
+        config=config,
+        system=system,
+    )
+    settings = client.settings.with_overrides(config, None).compaction
+    turns = anthropic_turns(30) if fmt == "anthropic" else compressible_openai_turns(30)
+    changed = 0
+    try:
+        for k, turn in enumerate(turns):
+            if k == 20:  # an edit: the next request is projected whole again
+                session.replace_messages(session.messages[:-1])
+            session.extend(turn)
+            request = session.request_messages()
+            whole = project(
+                session.messages, format=fmt, model="gpt-4.1", config=settings, system=system
+            )
+            assert request == whole
+            changed += request != session.messages
+        assert changed > 20  # the projection did change the tool results
+    finally:
+        session.close(timeout_s=0)
+        client.close()
