@@ -379,6 +379,23 @@ def test_a_compaction_of_an_edited_history_is_skipped_counted_and_the_next_one_a
         session.close()
 
 
+def test_messages_appended_while_a_compaction_was_made_survive_it(cluster: Any) -> None:
+    session = CompactingSession(
+        "c-session-meanwhile", client=cluster.client, model="gpt-4.1", context_window=6_000
+    )
+    turns = synthetic_turns(80)
+    try:
+        used = over_threshold(session, turns)
+        meanwhile = [m for t in turns[used : used + 3] for m in t]
+        session.extend(meanwhile)  # after the snapshot the compaction was made from
+        request = session.request_messages()
+        assert len(session.compactions) >= 1 and session.status.compactions_skipped == 0
+        assert session.messages[-len(meanwhile) :] == meanwhile
+        assert_every_call_answered(request)
+    finally:
+        session.close()
+
+
 def test_a_compaction_made_before_an_undo_is_skipped_and_counted(cluster: Any) -> None:
     session = CompactingSession(
         "c-session-undo", client=cluster.client, model="gpt-4.1", context_window=6_000

@@ -904,6 +904,11 @@ class AsyncCompactingSession(_Core):
                 self._submit_failed(revision, exc, backoff)
                 await asyncio.sleep(backoff)
                 continue
+            except Exception:  # a bug must not end the task silently
+                log.exception("submitting %s revision %d failed", self.conversation_id, revision)
+                backoff = min(max(BACKOFF_START_S, backoff * 2), BACKOFF_MAX_S)
+                await asyncio.sleep(backoff)
+                continue
             backoff = 0.0
             if self._submitted(turn, revision, result.status, result.revision):
                 job = None
@@ -927,6 +932,9 @@ class AsyncCompactingSession(_Core):
                 backoff = min(max(BACKOFF_START_S, backoff * 2), BACKOFF_MAX_S)
                 self._follow_failed(exc, backoff)
                 await asyncio.sleep(backoff)
+            except Exception:
+                log.exception("reading events of %s failed", self.conversation_id)
+                await asyncio.sleep(BACKOFF_MAX_S)
 
 
 def _own(message: dict[str, Any]) -> dict[str, Any]:
