@@ -26,6 +26,7 @@ from worker import formats, keys
 from worker.client import Client, project
 from worker.config import CompactionConfig, Settings, with_redis_url
 from worker.embedded import EmbeddedRedis
+from worker.errors import InvalidSnapshot
 from worker.models import canonical_json
 from worker.projection import count_request_tokens
 from worker.session import AsyncCompactingSession, CompactingSession
@@ -190,8 +191,10 @@ def drive(cluster: Any, conversation_id: str, turns: list[list[Any]], window: in
                 tokens = request_tokens(request)
                 largest = max(largest, tokens)
                 assert tokens < window
-        assert len(session.compactions) >= 3, session.status
-        assert session.status.compactions_skipped == 0, session.status
+        status = session.status
+        assert len(session.compactions) >= 3, status
+        assert status.compactions_skipped == status.snapshots_rejected == 0, status
+        assert status.compactions_failed == 0, status
         assert largest > window // 2  # it did run close to the window
 
         # every message a compaction replaced can be recalled, by its id or a tool call id
@@ -344,10 +347,11 @@ def test_resume_continues_revisions_and_applies_each_event_once(cluster: Any) ->
     # a state whose revision is behind the service's: the service's newest wins
     behind = saved | {"revision": 0}
     d = CompactingSession.from_state(behind, client=client)
-    d.extend(synthetic_turns(2, ids=True)[1])
+    d.extend([{"role": "user", "content": "And now the docs, please."}])
     wait_until(lambda: settled(d))
     revision = d.status.last_submitted_revision
     assert revision is not None and revision > first
+    assert d.status.snapshots_rejected == 0
     d.close()
 
 
@@ -412,6 +416,21 @@ def test_a_compaction_made_before_an_undo_is_skipped_and_counted(cluster: Any) -
         assert status.compactions_skipped == 1 and status.compactions_undone == 1
         assert session.compactions == []
         assert session.messages == [m for t in turns[:used] for m in t]
+    finally:
+        session.close()
+
+
+def test_a_rejected_snapshot_is_reported_in_the_status(cluster: Any) -> None:
+    session = CompactingSession("c-session-rejected", client=cluster.client, model="gpt-4.1")
+    try:
+        session.extend([{"role": "user", "content": "hi"}])
+        session.extend([{"role": "tool", "tool_call_id": "nope", "content": "orphan"}])
+        wait_until(lambda: settled(session), what=lambda: session.status)
+        status = session.status
+        assert status.snapshots_rejected == 1 and "nope" in (status.last_rejection or "")
+        assert session.messages[-1]["content"] == "orphan"  # the history stays the agent's
+        with pytest.raises(InvalidSnapshot, match="nope"):  # projecting it finds the same
+            session.request_messages()
     finally:
         session.close()
 

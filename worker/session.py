@@ -39,7 +39,13 @@ from worker import formats
 from worker.client import Client, project
 from worker.config import CompactionConfig
 from worker.errors import CompactorError, EventMismatch, PermanentError
-from worker.events import CompactionEvent, CompletedEvent, parse_event
+from worker.events import (
+    CompactionEvent,
+    CompletedEvent,
+    FailedEvent,
+    RejectedEvent,
+    parse_event,
+)
 from worker.history import apply_compaction, range_digest
 from worker.models import WireFormat
 from worker.reuse import Reuse
@@ -82,6 +88,9 @@ class SessionStatus:
     compactions_undone: int
     follower_error: str | None  # the follower's newest read error, cleared when it reads again
     last_event_id: str  # the stream id of the newest event drained into the history
+    compactions_failed: int  # compaction.failed events read (the next snapshot tries again)
+    snapshots_rejected: int  # compaction.rejected events read: the history is not valid input
+    last_rejection: str | None  # the newest rejection's reason ("FIELD: REASON")
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,9 @@ class _Core:
         self._received = 0
         self._last_outcome: int | None = None
         self._follower_error: str | None = None
+        self._failed = 0
+        self._rejected = 0
+        self._last_rejection: str | None = None
         # history bookkeeping
         self._skipped = 0
         self._last_skip: str | None = None
@@ -216,6 +228,9 @@ class _Core:
                 compactions_undone=self._undone,
                 follower_error=self._follower_error,
                 last_event_id=self._last_event_id,
+                compactions_failed=self._failed,
+                snapshots_rejected=self._rejected,
+                last_rejection=self._last_rejection,
             )
 
     # --- changing the history -----------------------------------------------------------------
@@ -517,6 +532,17 @@ class _Core:
         with self._lock:
             self._received += 1
             self._follower_error = None
+            if isinstance(event, FailedEvent):
+                self._failed += 1
+            elif isinstance(event, RejectedEvent):
+                self._rejected += 1
+                self._last_rejection = event.reason
+                log.warning(
+                    "%s revision %d was rejected: %s",
+                    event.conversation_id,
+                    event.revision,
+                    event.reason,
+                )
             if event.type in _OUTCOMES:
                 self._last_outcome = (
                     event.revision
