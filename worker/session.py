@@ -526,6 +526,7 @@ class _Core:
         with self._lock:
             self._last_error = f"{exc.code}: {exc.message}"
             self._submitted_turn = max(self._submitted_turn, turn)
+            self._retrying = False
         log.error("the service refused %s revision %d: %s", self.conversation_id, revision, exc)
 
     def _received_event(self, event: CompactionEvent) -> None:
