@@ -530,3 +530,21 @@ def test_the_request_is_the_projection_of_the_whole_history(
     finally:
         session.close(timeout_s=0)
         client.close()
+
+
+def test_a_snapshot_the_client_refuses_is_dropped_with_the_error(redis_server: str) -> None:
+    settings = with_redis_url(
+        Settings(compaction=CompactionConfig(max_snapshot_bytes=1024)), redis_server
+    )
+    client = Client(settings)
+    session = CompactingSession("c-session-refused", client=client)
+    try:
+        session.extend([{"role": "user", "content": "x" * 2000}])
+        wait_until(lambda: session.status.last_error is not None, 10)
+        status = session.status
+        assert status.last_error is not None and status.last_error.startswith("invalid_snapshot")
+        assert status.pending_submits == 0 and not status.retrying
+        assert status.last_submitted_revision is None
+    finally:
+        session.close(timeout_s=0)
+        client.close()
