@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -127,10 +128,12 @@ class Client:
         after: str = "0",
         follow: bool = False,
         block_ms: int = 5000,
+        stop: threading.Event | None = None,
     ) -> Iterator[tuple[str, CompactionEvent]]:
         """(stream id, event) pairs after ``after``; with ``follow``, waits for new ones.
-        Resume from the last id you saw to pick up exactly where you left off."""
-        while True:
+        Resume from the last id you saw to pick up exactly where you left off. ``stop``: a
+        follower ends once this is set (looked at after each wait of up to ``block_ms``)."""
+        while stop is None or not stop.is_set():
             batch = self.state.read_events(
                 conversation_id, after=after, block_ms=block_ms if follow else None
             )
