@@ -15,7 +15,9 @@ from pydantic import BaseModel
 from worker import keys
 from worker.config import (
     CompactionConfig,
+    HttpConfig,
     LLMConfig,
+    ProxyConfig,
     RedisConfig,
     ToolConfig,
     TranscriptRetention,
@@ -36,6 +38,8 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "[redis]": RedisConfig,
     "[transcripts]": TranscriptRetention,
     "[worker]": WorkerConfig,
+    "[http]": HttpConfig,
+    "[proxy]": ProxyConfig,
 }
 
 

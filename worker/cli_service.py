@@ -520,6 +520,18 @@ def _queue_length(state: Any, queue: str) -> int:
     return total
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from worker.api.server import serve
+    except ImportError as exc:  # the optional extra is not installed
+        from worker.errors import UsageError
+
+        raise UsageError(
+            f"compactor serve needs the http extra (pip install 'compaction-worker[http]'): {exc}"
+        ) from None
+    return serve(_settings(args), host=args.host, port=args.port)
+
+
 def cmd_metrics(args: argparse.Namespace) -> int:
     from worker.celery_app import QUEUES, broker_url
     from worker.metrics import render_prometheus, serve
@@ -586,6 +598,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--recent", type=int, default=10)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("serve", parents=[common], help="the HTTP API and the proxy (uvicorn)")
+    p.add_argument("--host", help="address to bind (default [http] host: 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default [http] port: 8080; 0: a free one)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("metrics", parents=[common], help="Prometheus metrics (print or serve)")
     p.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics on HOST:PORT")
