@@ -448,16 +448,21 @@ async def _compactor_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> Starlette:
+    from worker.api.proxy import Proxy, proxy_routes
+
     api = Api(settings, environ)
+    proxy = Proxy(api)
     if not len(api.keys):
         log.warning("no API keys configured (COMPACTOR_API_KEYS): every /v1 request gets 401")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.api = api
+        app.state.proxy = proxy
         try:
             yield
         finally:
+            await proxy.close()
             await api.close()
 
     conv = "/v1/conversations/{conversation_id}"
@@ -471,6 +476,7 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
+        *proxy_routes(),
     ]
     return Starlette(
         routes=routes,
