@@ -213,6 +213,17 @@ class ProxyConfig(_Strict):
     max_connections: int = Field(default=200, ge=1)
 
 
+class WebhooksConfig(_Strict):
+    """``[webhooks]``: delivery of events to the URLs tenants register."""
+
+    allow_private: bool = False  # loopback, link-local and private addresses refused unless set
+    max_attempts: int = Field(default=5, ge=1)
+    backoff_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    timeout_s: float = Field(default=10.0, gt=0)
+    max_concurrency: int = Field(default=100, ge=1)
+
+
 class Settings(_Strict):
     """Everything the service reads, resolved once and passed down."""
 
@@ -224,6 +235,7 @@ class Settings(_Strict):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    webhooks: WebhooksConfig = Field(default_factory=WebhooksConfig)
     source: str = "defaults"
 
     def with_overrides(
@@ -273,6 +285,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "worker": WorkerConfig,
     "http": HttpConfig,
     "proxy": ProxyConfig,
+    "webhooks": WebhooksConfig,
 }
 
 

@@ -367,6 +367,43 @@ async def apply(request: Request) -> Response:
     return JSONResponse({"messages": messages})
 
 
+async def create_webhook(request: Request) -> Response:
+    from worker.api.webhooks import UnsafeUrl
+
+    api = _api(request)
+    tenant = api.tenant(request)
+    doc = _json_body(await api.body(request), api.body_limit)
+    if not isinstance(doc, dict):
+        raise ApiError.of(422, "invalid_request", "a JSON object {url, ...} is required")
+    try:
+        with _redis("registering a webhook"):
+            hook = await request.app.state.webhooks.register(tenant.name, doc)
+    except UnsafeUrl as exc:
+        raise ApiError.of(422, "unsafe_url", f"url: {exc}") from None
+    except ValueError as exc:
+        raise ApiError.of(422, "invalid_request", str(exc)) from None
+    return JSONResponse(hook, status_code=201)
+
+
+async def list_webhooks(request: Request) -> Response:
+    api = _api(request)
+    tenant = api.tenant(request)
+    with _redis("reading webhooks"):
+        return JSONResponse(await request.app.state.webhooks.registered(tenant.name))
+
+
+async def delete_webhook(request: Request) -> Response:
+    api = _api(request)
+    tenant = api.tenant(request)
+    with _redis("deleting a webhook"):
+        found = await request.app.state.webhooks.delete(
+            tenant.name, request.path_params["webhook_id"]
+        )
+    if not found:
+        raise ApiError.of(404, "not_found", "no such webhook (for this API key)")
+    return Response(status_code=204)
+
+
 async def healthz(request: Request) -> Response:
     del request
     return JSONResponse({"status": "ok"})
@@ -449,6 +486,7 @@ async def _compactor_error(request: Request, exc: Exception) -> Response:
 
 def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> Starlette:
     from worker.api.proxy import Proxy, proxy_routes
+    from worker.api.webhooks import Webhooks
 
     api = Api(settings, environ)
     proxy = Proxy(api)
@@ -459,9 +497,12 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.api = api
         app.state.proxy = proxy
+        app.state.webhooks = webhooks = Webhooks(api)
+        webhooks.start()
         try:
             yield
         finally:
+            await webhooks.close()
             await proxy.close()
             await api.close()
 
@@ -472,6 +513,9 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route(f"{conv}/transcripts/{{revision}}", get_transcript, methods=["GET"]),
         Route(f"{conv}/messages/{{message_id}}", recall_message, methods=["GET"]),
         Route("/v1/apply", apply, methods=["POST"]),
+        Route("/v1/webhooks", create_webhook, methods=["POST"]),
+        Route("/v1/webhooks", list_webhooks, methods=["GET"]),
+        Route("/v1/webhooks/{webhook_id}", delete_webhook, methods=["DELETE"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -29,7 +29,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from worker import formats, keys
-from worker.errors import CompactorError, EventMismatch, InvalidSnapshot
+from worker.api.app import ApiError, _json_body
+from worker.api.auth import bearer
+from worker.errors import CompactorError, EventMismatch, InvalidSnapshot, TransientError
+from worker.history import apply_compaction
 
 if TYPE_CHECKING:
     from worker.api.app import Api
@@ -167,9 +170,6 @@ class Proxy:
         self, request: Request, upstream: Upstream, raw: bytes
     ) -> tuple[_Plan, bytes]:
         """The request with the conversation's matching compactions applied."""
-        from worker.api.app import ApiError, _json_body
-        from worker.api.auth import bearer
-
         given = request.headers.get(KEY_HEADER)
         tenant = self.api.keys.tenant(bearer(given) or given)
         if tenant is None:
@@ -183,12 +183,17 @@ class Proxy:
         if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
             raise ApiError.of(422, "invalid_request", f"{upstream.history}: a list is required")
         plan = _Plan(tenant, internal, upstream, body)
+        try:
+            completed = await self.api.completed_events(internal)
+        except TransientError as exc:  # Redis away: the agent's request still goes, as it came
+            log.warning("proxy: forwarding %s uncompacted: %s", internal, exc.code)
+            return plan, raw
         compacted, applied = history, 0
-        for _stream_id, event in reversed(await self.api.completed_events(internal)):
+        for _stream_id, event in reversed(completed):
             if event.compaction.format != upstream.wire:
                 continue
             try:
-                compacted = apply_matching(compacted, event)
+                compacted = apply_compaction(compacted, event)
                 applied += 1
             except EventMismatch:
                 continue
@@ -234,12 +239,6 @@ class Proxy:
             )
         except Exception:  # a bug: logged, never raised into the server
             log.exception("proxy: submitting a snapshot of %s failed", plan.internal)
-
-
-def apply_matching(history: list[dict[str, Any]], event: Any) -> list[dict[str, Any]]:
-    from worker.history import apply_compaction
-
-    return apply_compaction(history, event)
 
 
 def reply_message(wire: str, raw: bytes, content_type: str) -> dict[str, Any] | None:

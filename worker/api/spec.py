@@ -134,6 +134,28 @@ def openapi() -> dict[str, Any]:
                         "conversation_id": {"type": "string"},
                     },
                 },
+                "WebhookRequest": {
+                    "type": "object",
+                    "required": ["url"],
+                    "properties": {
+                        "url": {"type": "string", "maxLength": 2048},
+                        "conversation_id": {"type": "string"},
+                        "types": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "Webhook": {
+                    "type": "object",
+                    "description": "A registration; secret only in the answer to its creation.",
+                    "required": ["id", "url"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "url": {"type": "string"},
+                        "conversation_id": {"type": ["string", "null"]},
+                        "types": {"type": ["array", "null"], "items": {"type": "string"}},
+                        "secret": {"type": "string"},
+                        "created_at": {"type": "integer"},
+                    },
+                },
                 "Messages": {
                     "type": "object",
                     "required": ["messages"],
@@ -245,6 +267,46 @@ def openapi() -> dict[str, Any]:
                         "200": _json(_ref("Messages"), "The compacted messages."),
                         **_errors(400, 401, 408, 409, 413, 422),
                     },
+                }
+            },
+            "/v1/webhooks": {
+                "post": {
+                    "operationId": "createWebhook",
+                    "summary": "Register a URL for this tenant's events (signed POSTs).",
+                    "security": _SECURE,
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("WebhookRequest")}},
+                    },
+                    "responses": {
+                        "201": _json(_ref("Webhook"), "Registered; keep the secret."),
+                        **_errors(400, 401, 408, 413, 422, 503),
+                    },
+                },
+                "get": {
+                    "operationId": "listWebhooks",
+                    "summary": "This tenant's webhooks (without secrets).",
+                    "security": _SECURE,
+                    "responses": {
+                        "200": _json({"type": "array", "items": _ref("Webhook")}, "Webhooks."),
+                        **_errors(401, 503),
+                    },
+                },
+            },
+            "/v1/webhooks/{webhook_id}": {
+                "delete": {
+                    "operationId": "deleteWebhook",
+                    "summary": "Remove a webhook.",
+                    "security": _SECURE,
+                    "parameters": [
+                        {
+                            "name": "webhook_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {"204": {"description": "Removed."}, **_errors(401, 404, 503)},
                 }
             },
             "/healthz": {
