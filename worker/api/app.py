@@ -26,6 +26,7 @@ import redis
 import redis.asyncio
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -484,6 +485,16 @@ async def _compactor_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": exc.code, "message": exc.message}, status_code=status)
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own answers (no such route, method not allowed) as JSON like ours."""
+    del request
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse(
+        {"error": code, "message": exc.detail}, status_code=exc.status_code, headers=exc.headers
+    )
+
+
 def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> Starlette:
     from worker.api.proxy import Proxy, proxy_routes
     from worker.api.webhooks import Webhooks
@@ -525,5 +536,9 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={ApiError: _api_error, CompactorError: _compactor_error},
+        exception_handlers={
+            ApiError: _api_error,
+            CompactorError: _compactor_error,
+            HTTPException: _http_error,
+        },
     )
