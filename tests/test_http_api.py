@@ -156,14 +156,19 @@ def test_submit_is_validated_like_the_client(stack: Stack) -> None:
         assert client.get("/v1/conversations/c-never/events").status_code == 404
 
 
-def test_a_slow_body_times_out(stack: Stack) -> None:
-    """A client that sends its body slower than body_timeout_s is answered 408."""
+def test_slow_headers_and_bodies_time_out(stack: Stack) -> None:
+    """A body slower than body_timeout_s is answered 408; headers slower than
+    header_timeout_s close the connection."""
     import socket
     from urllib.parse import urlsplit
 
     # a server of its own with a short body timeout
     (stack.root / "slow").mkdir(exist_ok=True)
-    bare = Stack(stack.root / "slow", stack.redis_url, extra="[http]\nbody_timeout_s = 1.0")
+    bare = Stack(
+        stack.root / "slow",
+        stack.redis_url,
+        extra="[http]\nbody_timeout_s = 1.0\nheader_timeout_s = 1.0",
+    )
     try:
         bare.start(workers=False)
         parts = urlsplit(bare.base)
@@ -177,6 +182,14 @@ def test_a_slow_body_times_out(stack: Stack) -> None:
             reply = sock.recv(4096)
             assert reply.startswith(b"HTTP/1.1 408"), reply
             assert time.monotonic() - started < 5
+        # headers trickled in: the connection is closed after header_timeout_s
+        with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+            time.sleep(0.5)
+            sock.sendall(b"Host: x\r\n")
+            assert sock.recv(4096) == b""  # closed, no answer
+            assert 0.9 < time.monotonic() - started < 5
     finally:
         bare.stop()
 

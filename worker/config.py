@@ -194,6 +194,7 @@ class HttpConfig(_Strict):
     api_keys_file: Path | None = None
     # None: the snapshot limit (compaction.max_snapshot_bytes).
     max_body_bytes: int | None = Field(default=None, ge=1024)
+    header_timeout_s: float = Field(default=10.0, gt=0)  # the request line and headers
     body_timeout_s: float = Field(default=30.0, gt=0)  # a request body must arrive within this
     keep_alive_timeout_s: float = Field(default=5.0, gt=0)
     sse_keepalive_s: float = Field(default=15.0, gt=0)
