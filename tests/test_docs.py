@@ -15,10 +15,13 @@ from pydantic import BaseModel
 from worker import keys
 from worker.config import (
     CompactionConfig,
+    HttpConfig,
     LLMConfig,
+    ProxyConfig,
     RedisConfig,
     ToolConfig,
     TranscriptRetention,
+    WebhooksConfig,
     WorkerConfig,
 )
 from worker.history import range_digest
@@ -36,6 +39,9 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "[redis]": RedisConfig,
     "[transcripts]": TranscriptRetention,
     "[worker]": WorkerConfig,
+    "[http]": HttpConfig,
+    "[proxy]": ProxyConfig,
+    "[webhooks]": WebhooksConfig,
 }
 
 
@@ -87,7 +93,8 @@ def test_every_key_is_documented() -> None:
     names = [n for n in dir(keys) if callable(getattr(keys, n)) and not n.startswith("_")]
     for name in names:
         key = getattr(keys, name)("{conv}", "{rev}") if name == "snapshot" else None
-        key = key or getattr(keys, name)("{event_id}" if name == "published" else "{conv}")
+        arg = {"published": "{event_id}", "webhooks": "{tenant}"}.get(name, "{conv}")
+        key = key or getattr(keys, name)(arg)
         assert f"| `{key}` |" in text, key
     for key in (keys.RECENT, keys.PENDING, keys.METRICS):
         assert f"| `{key}` |" in text, key

@@ -273,6 +273,7 @@ def running_services(
     workdir: Path,
     summarize_concurrency: int = 32,
     redis_port: int | None = None,
+    http_port: int | None = None,
 ) -> Iterator[str]:
     """Redis (embedded when no URL is configured), an evaluate worker, a summarize worker and
     the scheduler, until the block ends; a worker or the scheduler that exits is restarted
@@ -306,6 +307,8 @@ def running_services(
         for kind in UP_WORKERS
     ]
     specs.append(("beat", celery_command("beat", config, workdir=workdir)))
+    if http_port is not None:  # compactor serve, supervised like the workers
+        specs.append(("http", [sys.executable, "-m", "worker", "serve", "--port", str(http_port)]))
     supervisor = Supervisor(specs, env=env, logs=logs)
     try:
         supervisor.start()
@@ -383,7 +386,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     settings = _settings(args)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="compactor-up-"))
     with running_services(
-        settings, args.config, workdir=workdir, redis_port=args.redis_port
+        settings,
+        args.config,
+        workdir=workdir,
+        redis_port=args.redis_port,
+        http_port=args.http_port,
     ) as url:
         print(json.dumps({"redis": mask_url(url), "logs": str(workdir / "logs")}), flush=True)
         if not wait_for_workers(url, settings, expected=2, timeout_s=60):
@@ -520,6 +527,18 @@ def _queue_length(state: Any, queue: str) -> int:
     return total
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from worker.api.server import serve
+    except ImportError as exc:  # the optional extra is not installed
+        from worker.errors import UsageError
+
+        raise UsageError(
+            f"compactor serve needs the http extra (pip install 'compaction-worker[http]'): {exc}"
+        ) from None
+    return serve(_settings(args), host=args.host, port=args.port)
+
+
 def cmd_metrics(args: argparse.Namespace) -> int:
     from worker.celery_app import QUEUES, broker_url
     from worker.metrics import render_prometheus, serve
@@ -577,6 +596,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         type=int,
         help="the embedded Redis' loopback port (default: a free one; printed at start)",
     )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        help="also run `compactor serve` on this port (bound to [http] host), supervised",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser(
@@ -586,6 +610,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--recent", type=int, default=10)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("serve", parents=[common], help="the HTTP API and the proxy (uvicorn)")
+    p.add_argument("--host", help="address to bind (default [http] host: 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (default [http] port: 8080; 0: a free one)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("metrics", parents=[common], help="Prometheus metrics (print or serve)")
     p.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics on HOST:PORT")

@@ -185,6 +185,46 @@ class WorkerConfig(_Strict):
     conversation_cache_mb: float = Field(default=32.0, ge=0)
 
 
+class HttpConfig(_Strict):
+    """``[http]``: ``compactor serve``. API keys never live here: they come from the
+    environment (``COMPACTOR_API_KEYS``) or the file named by ``api_keys_file``."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    api_keys_file: Path | None = None
+    # None: the snapshot limit (compaction.max_snapshot_bytes).
+    max_body_bytes: int | None = Field(default=None, ge=1024)
+    header_timeout_s: float = Field(default=10.0, gt=0)  # the request line and headers
+    body_timeout_s: float = Field(default=30.0, gt=0)  # a request body must arrive within this
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    sse_keepalive_s: float = Field(default=15.0, gt=0)
+    ready_cache_s: float = Field(default=5.0, ge=0)
+    ready_timeout_s: float = Field(default=1.0, gt=0)
+
+    _none_ok = field_validator("api_keys_file", "max_body_bytes", mode="before")(_none_word)
+
+
+class ProxyConfig(_Strict):
+    """``[proxy]``: where ``/proxy/...`` forwards. The agent's own key is passed through."""
+
+    openai_base_url: str = "https://api.openai.com/v1"
+    anthropic_base_url: str = "https://api.anthropic.com"
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    read_timeout_s: float = Field(default=600.0, gt=0)  # between two chunks of the reply
+    max_connections: int = Field(default=200, ge=1)
+
+
+class WebhooksConfig(_Strict):
+    """``[webhooks]``: delivery of events to the URLs tenants register."""
+
+    allow_private: bool = False  # loopback, link-local and private addresses refused unless set
+    max_attempts: int = Field(default=5, ge=1)
+    backoff_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    timeout_s: float = Field(default=10.0, gt=0)
+    max_concurrency: int = Field(default=100, ge=1)
+
+
 class Settings(_Strict):
     """Everything the service reads, resolved once and passed down."""
 
@@ -194,6 +234,9 @@ class Settings(_Strict):
     redis: RedisConfig = Field(default_factory=RedisConfig)
     transcripts: TranscriptRetention = Field(default_factory=TranscriptRetention)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    webhooks: WebhooksConfig = Field(default_factory=WebhooksConfig)
     source: str = "defaults"
 
     def with_overrides(
@@ -241,6 +284,9 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "redis": RedisConfig,
     "transcripts": TranscriptRetention,
     "worker": WorkerConfig,
+    "http": HttpConfig,
+    "proxy": ProxyConfig,
+    "webhooks": WebhooksConfig,
 }
 
 
@@ -346,6 +392,8 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
     data["redis"]["url"] = mask_url(redis_url(settings))
     data["llm"]["base_url"] = mask_url(settings.llm.base_url)
     data["llm"]["headers"] = {k: "***" for k in settings.llm.headers}
+    data["proxy"]["openai_base_url"] = mask_url(settings.proxy.openai_base_url)
+    data["proxy"]["anthropic_base_url"] = mask_url(settings.proxy.anthropic_base_url)
     data["llm"]["api_key"] = (
         "set (masked)" if os.environ.get(settings.llm.api_key_env) else "not set"
     )

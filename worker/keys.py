@@ -19,6 +19,8 @@ ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys can
 | ``cw:events:{conv}`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
 | ``cw:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:announce:{conv}`` | pub/sub channel | publish | none (not stored) |
+| ``cw:proxyrev:{conv}`` | string (int counter) | the HTTP proxy (INCR) | ``stream_ttl_s`` |
+| ``cw:webhooks:{tenant}`` | hash id -> JSON | ``POST /v1/webhooks`` | until deleted |
 | ``cw:recent`` | stream (all conversations) | publish | MAXLEN 1000 |
 | ``cw:pending`` | zset conv -> submit time (*) | submit, publish, reconcile | until handled |
 | ``cw:metrics`` | hash of counters | everyone | none (counters) |
@@ -87,6 +89,16 @@ def published(event_id: str) -> str:
 
 def announce(conversation_id: str) -> str:
     return f"{PREFIX}announce:{conversation_id}"
+
+
+def proxy_revision(conversation_id: str) -> str:
+    """The revision counter of the snapshots the HTTP proxy submits for a conversation."""
+    return f"{PREFIX}proxyrev:{conversation_id}"
+
+
+def webhooks(tenant: str) -> str:
+    """A tenant's webhook registrations (``compactor serve``)."""
+    return f"{PREFIX}webhooks:{tenant}"
 
 
 RECENT = f"{PREFIX}recent"

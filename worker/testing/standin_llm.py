@@ -4,7 +4,8 @@ It answers OpenAI Chat Completions (``POST /v1/chat/completions`` or ``/chat/com
 Anthropic Messages (``POST /v1/messages`` or ``/messages``) with a deterministic summary derived
 from the request, so results are checkable: the summary lists the file paths and ``ABC-123``-style
 identifiers found in the user message, in order, and a digest of it, cut to about ``max_tokens``
-(two characters a token, so it usually fits).
+(two characters a token, so it usually fits). A request with ``"stream": true`` is answered
+as the provider streams (Server-Sent Events, written in several pieces).
 
 In tests::
 
@@ -338,6 +339,9 @@ class StandinLLM:
             if fault.drop:
                 return False
             status, payload, extra = self._answer(wire, headers, body, fault, auth_valid)
+            if status == 200 and fault.body is None and _wants_stream(body):
+                await _write_stream(writer, _stream_pieces(wire, json.loads(payload)), extra)
+                return True
             writer.write(_response(status, payload, extra=extra))
             await writer.drain()
             return True
@@ -450,8 +454,79 @@ def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
     return parts[0], parts[1].split("?", 1)[0], headers
 
 
+def _wants_stream(body: Any) -> bool:
+    return isinstance(body, dict) and body.get("stream") is True
+
+
+async def _write_stream(
+    writer: asyncio.StreamWriter, pieces: list[bytes], extra: dict[str, str]
+) -> None:
+    """A streamed answer (``"stream": true``): Server-Sent Events, written piece by piece."""
+    total = b"".join(pieces)
+    head = _response(200, total, extra=extra, content_type="text/event-stream")
+    writer.write(head[: len(head) - len(total)])
+    for piece in pieces:
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(0.002)
+
+
+def _sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {event}\n" if event else "").encode() + f"data: {text}\n\n".encode()
+
+
+def _stream_pieces(wire: str, answer: dict[str, Any]) -> list[bytes]:
+    """The answer as the provider streams it: OpenAI ``chat.completion.chunk`` lines and
+    ``[DONE]``, or Anthropic's ``message_start`` .. ``message_stop`` events."""
+    if wire == "anthropic":
+        text = "".join(b.get("text", "") for b in answer["content"])
+        parts = _parts(text)
+        start = answer | {"content": [], "stop_reason": None}
+        start["usage"] = answer["usage"] | {"output_tokens": 0}
+        out = [_sse({"type": "message_start", "message": start}, "message_start")]
+        block = {"type": "text", "text": ""}
+        begin = {"type": "content_block_start", "index": 0, "content_block": block}
+        out.append(_sse(begin, "content_block_start"))
+        for part in parts:
+            delta = {"type": "text_delta", "text": part}
+            out.append(
+                _sse(
+                    {"type": "content_block_delta", "index": 0, "delta": delta},
+                    "content_block_delta",
+                )
+            )
+        out.append(_sse({"type": "content_block_stop", "index": 0}, "content_block_stop"))
+        end = {"stop_reason": answer["stop_reason"], "stop_sequence": None}
+        usage = {"output_tokens": answer["usage"]["output_tokens"]}
+        out.append(_sse({"type": "message_delta", "delta": end, "usage": usage}, "message_delta"))
+        out.append(_sse({"type": "message_stop"}, "message_stop"))
+        return out
+    choice = answer["choices"][0]
+    base = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return _sse(base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    out += [chunk({"content": part}) for part in _parts(choice["message"]["content"])]
+    out.append(chunk({}, choice["finish_reason"]))
+    out.append(_sse("[DONE]"))
+    return out
+
+
+def _parts(text: str, count: int = 4) -> list[str]:
+    size = max(1, -(-len(text) // count))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
 def _response(
-    status: int, body: bytes, *, extra: dict[str, str] | None = None, close: bool = False
+    status: int,
+    body: bytes,
+    *,
+    extra: dict[str, str] | None = None,
+    close: bool = False,
+    content_type: str = "application/json",
 ) -> bytes:
     try:
         reason = http.HTTPStatus(status).phrase
@@ -459,7 +534,7 @@ def _response(
         reason = "Unknown"
     lines = [
         f"HTTP/1.1 {status} {reason}",
-        "Content-Type: application/json",
+        f"Content-Type: {content_type}",
         f"Content-Length: {len(body)}",
         "Connection: close" if close else "Connection: keep-alive",
         *(f"{k}: {v}" for k, v in (extra or {}).items()),

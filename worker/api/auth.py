@@ -1,0 +1,108 @@
+"""API keys and tenants.
+
+Keys come from the environment (``COMPACTOR_API_KEYS``, a JSON object key -> tenant) or from the
+file named by ``[http] api_keys_file`` (the same shape), never from the TOML file. A tenant is
+part of every key the service writes for it: the external conversation id ``c-42`` of tenant
+``acme`` is the internal id ``acme:c-42``, so its Redis keys and transcript paths carry the
+tenant and no tenant can name another's data.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.config import Settings
+from worker.errors import ConfigError, InvalidSnapshot
+from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE
+
+API_KEYS_ENV = "COMPACTOR_API_KEYS"
+# No ':' in a tenant: the first ':' of an internal id ends the tenant, so two tenants' ids can
+# never collide ("a:b" + "c" vs "a" + "b:c").
+TENANT_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
+_CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+
+    def internal(self, conversation_id: str) -> str:
+        """The id the service stores ``conversation_id`` under; InvalidSnapshot if it is not
+        a valid id (or too long with the tenant prefix)."""
+        internal = f"{self.name}:{conversation_id}"
+        if not _CONVERSATION_ID.fullmatch(conversation_id) or not _CONVERSATION_ID.fullmatch(
+            internal
+        ):
+            limit = 128 - len(self.name) - 1
+            raise InvalidSnapshot(
+                "conversation_id", f"{CONVERSATION_ID_RULE} (at most {limit} characters here)"
+            )
+        return internal
+
+    def external(self, internal: str) -> str:
+        prefix = self.name + ":"
+        return internal[len(prefix) :] if internal.startswith(prefix) else internal
+
+
+class ApiKeys:
+    """Key -> tenant, looked up in constant time per key (``hmac.compare_digest``)."""
+
+    def __init__(self, keys: Mapping[str, str]) -> None:
+        self._keys = [(k.encode(), Tenant(t)) for k, t in keys.items()]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def tenant(self, presented: str | None) -> Tenant | None:
+        if not presented:
+            return None
+        given = presented.encode("utf-8", "surrogateescape")
+        found = None
+        for key, tenant in self._keys:  # no early exit: the time does not tell which key
+            if hmac.compare_digest(key, given):
+                found = tenant
+        return found
+
+
+def bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def load_api_keys(settings: Settings, environ: Mapping[str, str]) -> ApiKeys:
+    """The file's keys, then the environment's (which win for a key in both)."""
+    keys: dict[str, str] = {}
+    path = settings.http.api_keys_file
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError("http.api_keys_file", f"cannot read: {exc.strerror}") from None
+        keys |= _parse(text, "http.api_keys_file")
+    if environ.get(API_KEYS_ENV):
+        keys |= _parse(environ[API_KEYS_ENV], API_KEYS_ENV)
+    return ApiKeys(keys)
+
+
+def _parse(text: str, where: str) -> dict[str, str]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise ConfigError(where, "must be a JSON object of API key -> tenant") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, "must be a JSON object of API key -> tenant")
+    for key, tenant in data.items():
+        if len(key) < 16:
+            raise ConfigError(where, "every API key must be at least 16 characters")
+        if not isinstance(tenant, str) or not re.fullmatch(TENANT_PATTERN, tenant):
+            raise ConfigError(
+                where, f"a tenant must match {TENANT_PATTERN} (no ':'), got {tenant!r}"
+            )
+    return dict(data)

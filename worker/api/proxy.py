@@ -1,0 +1,342 @@
+"""The proxy: agents point their SDK's base URL here and change nothing else.
+
+``POST /proxy/openai/v1/chat/completions``, ``/proxy/openai/v1/responses`` and
+``/proxy/anthropic/v1/messages`` go to the configured upstream with the agent's own
+``Authorization`` / ``x-api-key`` (passed through, never stored or logged); the reply comes back
+as it came, streamed chunk by chunk, errors included.
+
+With ``X-Compactor-Conversation: c-42`` (and ``X-Compactor-Key`` naming the tenant) the proxy
+first applies every completed compaction of that conversation that still matches the history
+the agent sent (``apply_compaction`` with its checks, in memory; those that do not match are
+skipped), forwards the shorter history, and once the reply is complete submits the history the
+agent sent plus the reply as the conversation's next snapshot (revision: a counter in Redis,
+``cw:proxyrev:{conv}``). Without the header a request is forwarded untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from worker import formats, keys
+from worker.api.app import ApiError, _json_body
+from worker.api.auth import bearer
+from worker.errors import CompactorError, EventMismatch, InvalidSnapshot, TransientError
+from worker.history import apply_compaction
+
+if TYPE_CHECKING:
+    from worker.api.app import Api
+    from worker.api.auth import Tenant
+
+log = logging.getLogger(__name__)
+
+CONVERSATION_HEADER = "x-compactor-conversation"
+KEY_HEADER = "x-compactor-key"
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy sets itself.
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "accept-encoding",
+    "content-encoding",
+}
+MAX_REPLY_KEPT = 16 * 1024 * 1024  # a reply larger than this is passed on but not snapshotted
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One proxied API: where it goes, and which history format it carries."""
+
+    provider: str  # "openai" | "anthropic"
+    path: str  # appended to the provider's base URL
+    wire: str  # the snapshot format: "openai", "anthropic" or "responses"
+    history: str  # the body field holding the history
+
+
+ROUTES = {
+    "/proxy/openai/v1/chat/completions": Upstream(
+        "openai", "/chat/completions", "openai", "messages"
+    ),
+    "/proxy/openai/v1/responses": Upstream("openai", "/responses", "responses", "input"),
+    "/proxy/anthropic/v1/messages": Upstream("anthropic", "/v1/messages", "anthropic", "messages"),
+}
+
+
+def supported(wire: str) -> bool:
+    """Whether the snapshot formats know ``wire`` (the Responses format comes separately)."""
+    return wire in formats._MODULES
+
+
+@dataclass
+class _Plan:
+    """What a compacting request submits once its reply is in."""
+
+    tenant: Tenant
+    internal: str
+    upstream: Upstream
+    body: dict[str, Any]
+    reply: bytearray = field(default_factory=bytearray)
+    status: int = 0
+    content_type: str = ""
+    complete: bool = False
+
+
+class Proxy:
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        cfg = api.settings.proxy
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(cfg.read_timeout_s, connect=cfg.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections
+            ),
+            follow_redirects=False,
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10)
+        await self.client.aclose()
+
+    def base_url(self, provider: str) -> str:
+        cfg = self.api.settings.proxy
+        base = cfg.openai_base_url if provider == "openai" else cfg.anthropic_base_url
+        return base.rstrip("/")
+
+    async def handle(self, request: Request) -> Response:
+        upstream = ROUTES[request.url.path]
+        raw = await self.api.body(request)
+        plan = None
+        if CONVERSATION_HEADER in request.headers and supported(upstream.wire):
+            plan, raw = await self._compacted(request, upstream, raw)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        headers = {k: v for k, v in headers.items() if not k.lower().startswith("x-compactor-")}
+        headers["accept-encoding"] = "identity"
+        url = self.base_url(upstream.provider) + upstream.path
+        if request.url.query:
+            url += "?" + request.url.query
+        outgoing = self.client.build_request("POST", url, content=raw, headers=headers)
+        try:
+            reply = await self.client.send(outgoing, stream=True)
+        except httpx.TimeoutException:
+            return _error(504, "upstream_timeout", f"the {upstream.provider} upstream timed out")
+        except httpx.HTTPError as exc:
+            return _error(
+                502,
+                "upstream_unavailable",
+                f"the {upstream.provider} upstream: {type(exc).__name__}",
+            )
+        back = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP}
+        if plan is not None:
+            plan.status = reply.status_code
+            plan.content_type = reply.headers.get("content-type", "")
+        return StreamingResponse(
+            self._relay(reply, plan),
+            status_code=reply.status_code,
+            headers=back,
+            background=BackgroundTask(self._finish, plan) if plan is not None else None,
+        )
+
+    async def _relay(self, reply: httpx.Response, plan: _Plan | None) -> Any:
+        try:
+            async for chunk in reply.aiter_raw():
+                if plan is not None and len(plan.reply) + len(chunk) <= MAX_REPLY_KEPT:
+                    plan.reply += chunk
+                yield chunk
+            if plan is not None:
+                plan.complete = True
+        finally:
+            await reply.aclose()
+
+    async def _compacted(
+        self, request: Request, upstream: Upstream, raw: bytes
+    ) -> tuple[_Plan, bytes]:
+        """The request with the conversation's matching compactions applied."""
+        given = request.headers.get(KEY_HEADER)
+        tenant = self.api.keys.tenant(bearer(given) or given)
+        if tenant is None:
+            raise ApiError.of(401, "unauthorized", f"{KEY_HEADER}: a valid API key is required")
+        try:
+            internal = tenant.internal(request.headers[CONVERSATION_HEADER])
+        except InvalidSnapshot as exc:
+            raise ApiError(422, exc.to_dict()) from None
+        body = _json_body(raw, self.api.body_limit)
+        history = body.get(upstream.history) if isinstance(body, dict) else None
+        if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
+            raise ApiError.of(422, "invalid_request", f"{upstream.history}: a list is required")
+        plan = _Plan(tenant, internal, upstream, body)
+        try:
+            completed = await self.api.completed_events(internal)
+        except TransientError as exc:  # Redis away: the agent's request still goes, as it came
+            log.warning("proxy: forwarding %s uncompacted: %s", internal, exc.code)
+            return plan, raw
+        compacted, applied = history, 0
+        for _stream_id, event in reversed(completed):
+            if event.compaction.format != upstream.wire:
+                continue
+            try:
+                compacted = apply_compaction(compacted, event)
+                applied += 1
+            except EventMismatch:
+                continue
+        if not applied:
+            return plan, raw
+        forwarded = body | {upstream.history: compacted}
+        return plan, json.dumps(forwarded, ensure_ascii=False).encode("utf-8")
+
+    async def _finish(self, plan: _Plan | None) -> None:
+        """After the reply: submit the history the agent sent plus the reply (in the
+        background, so the agent's response is never held)."""
+        if plan is None or not plan.complete or not 200 <= plan.status < 300:
+            return
+        task = asyncio.create_task(self._submit(plan))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _submit(self, plan: _Plan) -> None:
+        try:
+            message = reply_message(plan.upstream.wire, bytes(plan.reply), plan.content_type)
+            history = list(plan.body[plan.upstream.history])
+            if message is not None:
+                history.append(message)
+            counter = keys.proxy_revision(plan.internal)
+            pipe = self.api.aredis.pipeline(transaction=True)
+            pipe.incr(counter)
+            pipe.expire(counter, self.api.settings.redis.stream_ttl_s)
+            revision, _ = await pipe.execute()
+            snapshot: dict[str, Any] = {
+                "conversation_id": plan.internal,
+                "revision": int(revision),
+                "format": plan.upstream.wire,
+                "model": {"name": str(plan.body.get("model", ""))[:256]},
+                "messages": history,
+            }
+            if plan.upstream.wire == "anthropic" and plan.body.get("system") is not None:
+                snapshot["system"] = plan.body["system"]
+            await anyio.to_thread.run_sync(self.api.client.submit, snapshot)
+        except (CompactorError, ValueError, KeyError, TypeError, OSError) as exc:
+            # Never the request or its headers: they may carry the agent's credentials.
+            log.warning(
+                "proxy: could not submit a snapshot of %s: %s", plan.internal, type(exc).__name__
+            )
+        except Exception:  # a bug: logged, never raised into the server
+            log.exception("proxy: submitting a snapshot of %s failed", plan.internal)
+
+
+def reply_message(wire: str, raw: bytes, content_type: str) -> dict[str, Any] | None:
+    """The assistant message of a complete reply (JSON or a streamed one), in the request's
+    wire format; None when it has none."""
+    if "text/event-stream" in content_type:
+        return _streamed_message(wire, raw)
+    doc = json.loads(raw)
+    if wire == "anthropic":
+        return {"role": "assistant", "content": doc["content"]} if doc.get("content") else None
+    if wire == "openai":
+        return _openai_message(doc["choices"][0]["message"])
+    return None
+
+
+def _openai_message(message: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    "arguments": call["function"].get("arguments") or "",
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    return out
+
+
+def _sse_data(raw: bytes) -> list[Any]:
+    out = []
+    for line in raw.decode("utf-8").splitlines():
+        if line.startswith("data:"):
+            data = line[5:].strip()
+            if data and data != "[DONE]":
+                out.append(json.loads(data))
+    return out
+
+
+def _streamed_message(wire: str, raw: bytes) -> dict[str, Any] | None:
+    chunks = _sse_data(raw)
+    if wire == "openai":
+        text: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        for chunk in chunks:
+            for choice in chunk.get("choices") or []:
+                if choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or {}
+                text.append(delta.get("content") or "")
+                for call in delta.get("tool_calls") or []:
+                    slot = calls.setdefault(
+                        call.get("index", 0), {"id": "", "function": {"name": "", "arguments": ""}}
+                    )
+                    slot["id"] = call.get("id") or slot["id"]
+                    fn = call.get("function") or {}
+                    slot["function"]["name"] += fn.get("name") or ""
+                    slot["function"]["arguments"] += fn.get("arguments") or ""
+        message: dict[str, Any] = {"content": "".join(text)}
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        return _openai_message(message)
+    if wire == "anthropic":
+        blocks: dict[int, dict[str, Any]] = {}
+        partial: dict[int, str] = {}
+        for event in chunks:
+            kind, index = event.get("type"), event.get("index", 0)
+            if kind == "content_block_start":
+                blocks[index] = dict(event["content_block"])
+            elif kind == "content_block_delta":
+                delta = event.get("delta") or {}
+                block = blocks.setdefault(index, {"type": "text", "text": ""})
+                if delta.get("type") == "text_delta":
+                    block["text"] = block.get("text", "") + delta.get("text", "")
+                elif delta.get("type") == "input_json_delta":
+                    partial[index] = partial.get(index, "") + delta.get("partial_json", "")
+                elif delta.get("type") == "thinking_delta":
+                    block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+                elif delta.get("type") == "signature_delta":
+                    block["signature"] = delta.get("signature", "")
+        for index, text_json in partial.items():
+            blocks[index]["input"] = json.loads(text_json) if text_json else {}
+        content = [blocks[i] for i in sorted(blocks)]
+        return {"role": "assistant", "content": content} if content else None
+    return None
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+async def _handle(request: Request) -> Response:
+    proxy: Proxy = request.app.state.proxy
+    return await proxy.handle(request)
+
+
+def proxy_routes() -> list[Route]:
+    return [Route(path, _handle, methods=["POST"]) for path in ROUTES]

@@ -1,0 +1,368 @@
+"""The OpenAPI 3.1 document of ``compactor serve``, written by hand; docs/openapi.json is this,
+checked in (a test keeps them equal).
+
+``python -m worker.api.spec`` rewrites docs/openapi.json; ``--check`` exits 1 if it differs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from worker.models import CONVERSATION_ID_PATTERN
+
+DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "openapi.json"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    text = {
+        400: "The body is not valid JSON.",
+        401: "No API key, or not a valid one.",
+        404: "No such conversation, transcript or message for this API key.",
+        408: "The body did not arrive in time.",
+        409: "The event does not describe these messages.",
+        413: "The body is over the limit.",
+        422: "The request is well-formed JSON but not valid; the error names the field.",
+        503: "Redis (or the transcript store) is unavailable.",
+    }
+    return {str(s): _json(_ref("Error"), text[s]) for s in statuses}
+
+
+_CONVERSATION = {
+    "name": "conversation_id",
+    "in": "path",
+    "required": True,
+    "description": "The conversation's id, as the agent names it (the tenant is the key's).",
+    "schema": {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
+}
+_SECURE: list[dict[str, list[str]]] = [{"bearer": []}]
+
+
+def openapi() -> dict[str, Any]:
+    conv = "/v1/conversations/{conversation_id}"
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "compaction-worker",
+            "version": "1",
+            "description": "Submit conversation snapshots, read compaction events, recall "
+            "originals, apply compactions. See docs/http.md.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {"type": "string"},
+                        "message": {"type": "string"},
+                        "field": {"type": "string"},
+                        "reason": {"type": "string"},
+                    },
+                },
+                "Snapshot": {
+                    "type": "object",
+                    "description": "A snapshot (docs/snapshot.md, "
+                    "docs/schemas/snapshot.schema.json); its conversation_id must be the "
+                    "path's.",
+                    "required": ["conversation_id", "revision", "messages"],
+                    "properties": {
+                        "conversation_id": {"type": "string"},
+                        "revision": {"type": "integer", "minimum": 0},
+                        "messages": {"type": "array", "items": {"type": "object"}},
+                    },
+                },
+                "Accepted": {
+                    "type": "object",
+                    "required": ["status", "revision"],
+                    "properties": {
+                        "status": {"enum": ["queued", "coalesced", "superseded"]},
+                        "revision": {"type": "integer"},
+                    },
+                },
+                "Event": {
+                    "type": "object",
+                    "description": "An event (docs/events.md, docs/schemas/event.schema.json) "
+                    "with its stream_id.",
+                    "required": ["type", "conversation_id", "revision", "stream_id"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "conversation_id": {"type": "string"},
+                        "revision": {"type": "integer"},
+                        "stream_id": {"type": "string"},
+                    },
+                },
+                "Transcript": {
+                    "type": "object",
+                    "required": ["conversation_id", "revision", "messages"],
+                    "properties": {
+                        "conversation_id": {"type": "string"},
+                        "revision": {"type": "integer"},
+                        "messages": {"type": "array", "items": {"type": "object"}},
+                    },
+                },
+                "Recalled": {
+                    "type": "object",
+                    "required": ["conversation_id", "message_id", "message", "revision"],
+                    "properties": {
+                        "conversation_id": {"type": "string"},
+                        "message_id": {"type": "string"},
+                        "message": {"type": "object"},
+                        "revision": {"type": "integer"},
+                        "event_id": {"type": "string"},
+                        "stream_id": {"type": "string"},
+                        "transcript_sha256": {"type": "string"},
+                    },
+                },
+                "ApplyRequest": {
+                    "type": "object",
+                    "required": ["messages", "event"],
+                    "properties": {
+                        "messages": {"type": "array", "items": {"type": "object"}},
+                        "event": {"type": "object"},
+                        "conversation_id": {"type": "string"},
+                    },
+                },
+                "WebhookRequest": {
+                    "type": "object",
+                    "required": ["url"],
+                    "properties": {
+                        "url": {"type": "string", "maxLength": 2048},
+                        "conversation_id": {"type": "string"},
+                        "types": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "Webhook": {
+                    "type": "object",
+                    "description": "A registration; secret only in the answer to its creation.",
+                    "required": ["id", "url"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "url": {"type": "string"},
+                        "conversation_id": {"type": ["string", "null"]},
+                        "types": {"type": ["array", "null"], "items": {"type": "string"}},
+                        "secret": {"type": "string"},
+                        "created_at": {"type": "integer"},
+                    },
+                },
+                "Messages": {
+                    "type": "object",
+                    "required": ["messages"],
+                    "properties": {"messages": {"type": "array", "items": {"type": "object"}}},
+                },
+            },
+        },
+        "paths": {
+            f"{conv}/snapshots": {
+                "post": {
+                    "operationId": "submitSnapshot",
+                    "summary": "Submit a snapshot; returns at once.",
+                    "security": _SECURE,
+                    "parameters": [_CONVERSATION],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("Snapshot")}},
+                    },
+                    "responses": {
+                        "202": _json(_ref("Accepted"), "Stored; evaluated soon."),
+                        **_errors(400, 401, 408, 413, 422, 503),
+                    },
+                }
+            },
+            f"{conv}/events": {
+                "get": {
+                    "operationId": "listEvents",
+                    "summary": "The conversation's events after a stream id; with Accept: "
+                    "text/event-stream, a live SSE stream (ids are stream ids; resumes "
+                    "from Last-Event-ID).",
+                    "security": _SECURE,
+                    "parameters": [
+                        _CONVERSATION,
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "schema": {"type": "string", "pattern": r"^(0|\d+(-\d+)?)$"},
+                        },
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "Events, oldest first (or an event stream).",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"type": "array", "items": _ref("Event")}
+                                },
+                                "text/event-stream": {"schema": {"type": "string"}},
+                            },
+                        },
+                        **_errors(401, 404, 422, 503),
+                    },
+                }
+            },
+            f"{conv}/transcripts/{{revision}}": {
+                "get": {
+                    "operationId": "getTranscript",
+                    "summary": "The full pre-compaction history kept for a revision.",
+                    "security": _SECURE,
+                    "parameters": [
+                        _CONVERSATION,
+                        {
+                            "name": "revision",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "integer", "minimum": 0},
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(_ref("Transcript"), "The transcript."),
+                        **_errors(401, 404, 422, 503),
+                    },
+                }
+            },
+            f"{conv}/messages/{{message_id}}": {
+                "get": {
+                    "operationId": "recallMessage",
+                    "summary": "The original of a message a compaction replaced.",
+                    "security": _SECURE,
+                    "parameters": [
+                        _CONVERSATION,
+                        {
+                            "name": "message_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(_ref("Recalled"), "The message, sha256-checked."),
+                        **_errors(401, 404, 422, 503),
+                    },
+                }
+            },
+            "/v1/apply": {
+                "post": {
+                    "operationId": "applyCompaction",
+                    "summary": "Apply a completed compaction to messages (pure).",
+                    "security": _SECURE,
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("ApplyRequest")}},
+                    },
+                    "responses": {
+                        "200": _json(_ref("Messages"), "The compacted messages."),
+                        **_errors(400, 401, 408, 409, 413, 422),
+                    },
+                }
+            },
+            "/v1/webhooks": {
+                "post": {
+                    "operationId": "createWebhook",
+                    "summary": "Register a URL for this tenant's events (signed POSTs).",
+                    "security": _SECURE,
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("WebhookRequest")}},
+                    },
+                    "responses": {
+                        "201": _json(_ref("Webhook"), "Registered; keep the secret."),
+                        **_errors(400, 401, 408, 413, 422, 503),
+                    },
+                },
+                "get": {
+                    "operationId": "listWebhooks",
+                    "summary": "This tenant's webhooks (without secrets).",
+                    "security": _SECURE,
+                    "responses": {
+                        "200": _json({"type": "array", "items": _ref("Webhook")}, "Webhooks."),
+                        **_errors(401, 503),
+                    },
+                },
+            },
+            "/v1/webhooks/{webhook_id}": {
+                "delete": {
+                    "operationId": "deleteWebhook",
+                    "summary": "Remove a webhook.",
+                    "security": _SECURE,
+                    "parameters": [
+                        {
+                            "name": "webhook_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {"204": {"description": "Removed."}, **_errors(401, 404, 503)},
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "operationId": "health",
+                    "summary": "The process answers.",
+                    "responses": {"200": _json({"type": "object"}, "Alive.")},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "operationId": "ready",
+                    "summary": "Redis answers and a worker of each kind answers (cached).",
+                    "responses": {
+                        "200": _json({"type": "object"}, "Ready."),
+                        "503": _json({"type": "object"}, "Not ready: what is missing."),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "operationId": "metrics",
+                    "summary": "Prometheus metrics.",
+                    "responses": {
+                        "200": {
+                            "description": "Text exposition format 0.0.4.",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "operationId": "openapi",
+                    "summary": "This document.",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1.")},
+                }
+            },
+        },
+    }
+
+
+def rendered() -> str:
+    return json.dumps(openapi(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--check" in args:
+        same = DOC.is_file() and DOC.read_text(encoding="utf-8") == rendered()
+        if not same:
+            print(f"{DOC} differs: run python -m worker.api.spec", file=sys.stderr)
+        return 0 if same else 1
+    DOC.write_text(rendered(), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""Webhooks: a tenant registers a URL and receives its conversations' events as signed POSTs.
+
+Registrations live in Redis (``cw:webhooks:{tenant}``, a hash id -> JSON). Every ``serve``
+process reads the all-conversations stream ``cw:recent`` in one consumer group
+(``compactor-webhooks``), so each event is delivered once whichever process reads it, and
+after a restart delivery goes on where the group left off. Each delivery is signed::
+
+    X-Compactor-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>
+
+and retried with exponential backoff on a network error, a timeout, 429 or 5xx. URLs must be
+http(s) and, unless ``[webhooks] allow_private`` is set, must not resolve to a loopback,
+link-local, private, reserved or multicast address (checked at registration and before every
+attempt, so a name that later resolves inward is refused too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import httpx
+import redis
+
+from worker import keys
+
+if TYPE_CHECKING:
+    from worker.api.app import Api
+
+log = logging.getLogger(__name__)
+
+GROUP = "compactor-webhooks"
+SIGNATURE_HEADER = "X-Compactor-Signature"
+MAX_HOOKS_PER_TENANT = 20
+
+
+class UnsafeUrl(ValueError):
+    """A webhook URL that may not be called."""
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"
+
+
+def verify(secret: str, header: str, body: bytes, *, tolerance_s: float = 300) -> bool:
+    """What a receiver does: the signature matches and is recent."""
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    try:
+        timestamp = int(parts["t"])
+    except (KeyError, ValueError):
+        return False
+    if abs(time.time() - timestamp) > tolerance_s:
+        return False
+    return hmac.compare_digest(sign(secret, timestamp, body), header)
+
+
+async def check_url(url: str, *, allow_private: bool) -> None:
+    """Raise :class:`UnsafeUrl` unless ``url`` may be called (see the module docstring)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UnsafeUrl("must be an http or https URL with a host")
+    if parts.username or parts.password:
+        raise UnsafeUrl("must not carry credentials")
+    if allow_private:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except OSError:
+        raise UnsafeUrl(f"{parts.hostname} does not resolve") from None
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+            address = address.ipv4_mapped
+        if not address.is_global or address.is_multicast:
+            raise UnsafeUrl(
+                f"{parts.hostname} resolves to a non-public address ({address}); "
+                "set [webhooks] allow_private to allow it"
+            )
+
+
+class Webhooks:
+    """Registrations (per tenant) and the delivery loop of one ``serve`` process."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.config = api.settings.webhooks
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False
+        )
+        self._loop_task: asyncio.Task[None] | None = None
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        self.consumer = f"{socket.gethostname()}"
+
+    # --- registrations -------------------------------------------------------------------------
+
+    async def register(self, tenant: str, doc: dict[str, Any]) -> dict[str, Any]:
+        url = doc.get("url")
+        if not isinstance(url, str) or len(url) > 2048:
+            raise ValueError("url: a URL of at most 2048 characters is required")
+        await check_url(url, allow_private=self.config.allow_private)
+        conversation_id = doc.get("conversation_id")
+        if conversation_id is not None and not isinstance(conversation_id, str):
+            raise ValueError("conversation_id: must be a string")
+        types = doc.get("types")
+        if types is not None and (
+            not isinstance(types, list) or not all(isinstance(t, str) for t in types)
+        ):
+            raise ValueError("types: must be a list of event types")
+        key = keys.webhooks(tenant)
+        if await self.api.aredis.hlen(key) >= MAX_HOOKS_PER_TENANT:
+            raise ValueError(f"at most {MAX_HOOKS_PER_TENANT} webhooks per tenant")
+        hook = {
+            "id": "wh_" + secrets.token_hex(8),
+            "url": url,
+            "conversation_id": conversation_id,
+            "types": types,
+            "secret": "whsec_" + secrets.token_urlsafe(24),
+            "created_at": int(time.time()),
+        }
+        await self.api.aredis.hset(key, hook["id"], json.dumps(hook))
+        return hook
+
+    async def registered(self, tenant: str) -> list[dict[str, Any]]:
+        stored = await self.api.aredis.hgetall(keys.webhooks(tenant))
+        hooks = [json.loads(v) for v in stored.values()]
+        return sorted(({k: v for k, v in h.items() if k != "secret"} for h in hooks), key=str)
+
+    async def delete(self, tenant: str, hook_id: str) -> bool:
+        return bool(await self.api.aredis.hdel(keys.webhooks(tenant), hook_id))
+
+    # --- delivery ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._run(), name="webhooks")
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop_task
+        for task in list(self._deliveries):
+            task.cancel()
+        if self._deliveries:
+            await asyncio.wait(self._deliveries, timeout=5)
+        await self.client.aclose()
+
+    async def _run(self) -> None:
+        backlog = True  # first this consumer's own unacknowledged entries, then new ones
+        while True:
+            try:
+                with contextlib.suppress(redis.exceptions.ResponseError):  # BUSYGROUP
+                    await self.api.aredis.xgroup_create(keys.RECENT, GROUP, id="$", mkstream=True)
+                while True:
+                    reply = await self.api.aredis.xreadgroup(
+                        GROUP,
+                        self.consumer,
+                        {keys.RECENT: "0" if backlog else ">"},
+                        count=100,
+                        block=None if backlog else 5000,
+                    )
+                    entries = [(e, f) for _s, batch in reply or [] for e, f in batch]
+                    for entry_id, fields in entries:
+                        await self._dispatch(entry_id, fields)
+                    backlog = False  # the backlog is being delivered; from now on, new ones
+            except asyncio.CancelledError:
+                raise
+            except (redis.exceptions.RedisError, OSError) as exc:
+                log.warning("webhooks: redis unavailable (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(1.0)
+
+    async def _dispatch(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        raw = fields.get(b"event")
+        event = json.loads(raw) if raw else {}
+        internal = str(event.get("conversation_id", ""))
+        tenant, sep, external = internal.partition(":")
+        hooks = []
+        if sep:
+            stored = await self.api.aredis.hgetall(keys.webhooks(tenant))
+            hooks = [
+                h
+                for h in (json.loads(v) for v in stored.values())
+                if h.get("conversation_id") in (None, external)
+                and (h.get("types") is None or event.get("type") in h["types"])
+            ]
+        if not hooks:
+            await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
+            return
+        body = json.dumps(event | {"conversation_id": external}, ensure_ascii=False).encode()
+        await self._slots.acquire()
+        task = asyncio.create_task(self._deliver_all(entry_id, hooks, body))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _deliver_all(self, entry_id: bytes, hooks: list[dict[str, Any]], body: bytes) -> None:
+        try:
+            await asyncio.gather(*(self._deliver(h, body) for h in hooks))
+            await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
+        except (redis.exceptions.RedisError, OSError):
+            pass  # not acknowledged: delivered again after a restart
+        finally:
+            self._slots.release()
+
+    async def _deliver(self, hook: dict[str, Any], body: bytes) -> bool:
+        """POST ``body`` to the hook, retrying with backoff; True once it answered 2xx."""
+        delay = self.config.backoff_s
+        for attempt in range(1, self.config.max_attempts + 1):
+            try:
+                await check_url(hook["url"], allow_private=self.config.allow_private)
+            except UnsafeUrl as exc:
+                log.warning("webhook %s refused: %s", hook["id"], exc)
+                return False
+            timestamp = int(time.time())
+            headers = {
+                "Content-Type": "application/json",
+                SIGNATURE_HEADER: sign(hook["secret"], timestamp, body),
+                "X-Compactor-Webhook": hook["id"],
+                "X-Compactor-Attempt": str(attempt),
+            }
+            try:
+                reply = await self.client.post(hook["url"], content=body, headers=headers)
+                if 200 <= reply.status_code < 300:
+                    return True
+                retry = reply.status_code == 429 or reply.status_code >= 500
+                outcome = str(reply.status_code)
+            except httpx.HTTPError as exc:
+                retry, outcome = True, type(exc).__name__
+            log.warning("webhook %s attempt %d: %s", hook["id"], attempt, outcome)
+            if not retry or attempt == self.config.max_attempts:
+                return False
+            await asyncio.sleep(min(delay, self.config.backoff_max_s))
+            delay *= 2
+        return False
