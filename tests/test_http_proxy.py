@@ -189,7 +189,8 @@ def test_upstream_errors_come_back_as_they_came(stack: Stack, llm: StandinLLM) -
         wrong.with_options(max_retries=0).chat.completions.create(
             model="gpt-4.1", messages=[{"role": "user", "content": "hi"}]
         )
-    # the Responses API goes upstream untouched (the stand-in has no such route: its 404)
+    # a Responses request whose input is a plain string goes upstream untouched (the stand-in
+    # has no such route: its 404 comes back as it came)
     r = httpx.post(
         f"{stack.base}/proxy/openai/v1/responses",
         json={"model": "gpt-4.1", "input": "hi"},

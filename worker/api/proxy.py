@@ -80,7 +80,7 @@ ROUTES = {
 
 
 def supported(wire: str) -> bool:
-    """Whether the snapshot formats know ``wire`` (the Responses format comes separately)."""
+    """Whether the snapshot formats know ``wire``."""
     return wire in formats._MODULES
 
 
@@ -168,8 +168,11 @@ class Proxy:
 
     async def _compacted(
         self, request: Request, upstream: Upstream, raw: bytes
-    ) -> tuple[_Plan, bytes]:
-        """The request with the conversation's matching compactions applied."""
+    ) -> tuple[_Plan | None, bytes]:
+        """The request with the conversation's matching compactions applied. A history this
+        proxy cannot read as a list of items (the Responses API also takes a plain string as
+        ``input``) goes upstream as it came, and is not submitted: the proxy never refuses a
+        request the provider would take."""
         given = request.headers.get(KEY_HEADER)
         tenant = self.api.keys.tenant(bearer(given) or given)
         if tenant is None:
@@ -181,7 +184,8 @@ class Proxy:
         body = _json_body(raw, self.api.body_limit)
         history = body.get(upstream.history) if isinstance(body, dict) else None
         if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
-            raise ApiError.of(422, "invalid_request", f"{upstream.history}: a list is required")
+            log.info("proxy: %s is not a list of items; forwarded as it came", upstream.history)
+            return None, raw
         plan = _Plan(tenant, internal, upstream, body)
         try:
             completed = await self.api.completed_events(internal)
