@@ -4,15 +4,45 @@ Redis and real worker processes, with a scripted chat model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from langchain.agents import create_agent
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import create_react_agent
+from langgraph.warnings import LangGraphDeprecatedSinceV10
+from pydantic import Field
+from service_support import (  # noqa: F401 - fixtures
+    Workers,
+    client_for,
+    redis_server,
+    write_config,
+)
 
 from worker import formats
-from worker.integrations.langchain import EXTENSION, from_wire, to_wire
+from worker.integrations.langchain import (
+    EXTENSION,
+    CompactionHook,
+    CompactionMiddleware,
+    from_wire,
+    to_wire,
+)
+from worker.projection import count_request_tokens
+from worker.session import CompactingSession
+from worker.tokens import tokenizer_for
 
 # --- conversion: messages -> wire -> messages is the identity -----------------------------
 
@@ -200,3 +230,267 @@ def test_the_wire_form_is_chat_completions() -> None:
         "tool_calls": wire[2]["tool_calls"],
     }
     assert from_wire([rendered]) == [messages[2]]
+
+
+# --- the real agent loops against a real Redis and real workers ---------------------------
+
+SETTLE_S = 60.0  # generous: the machine is shared
+WINDOW = 4_000
+SYSTEM = "You are a coding agent."
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One worker process (evaluate + summarize, offline digest) for the module; conversation
+    ids are distinct per test."""
+    base = tmp_path_factory.mktemp("langchain")
+    r = redis.Redis.from_url(redis_server)
+    r.flushdb()
+    r.close()
+    config = write_config(base / "compactor.toml", base / "transcripts", 'mode = "local_only"\n')
+    logs = base / "logs"
+    logs.mkdir()
+    workers = Workers(redis_server, config, logs)
+    workers.start("w1", concurrency=2)
+    client = client_for(workers)
+    try:
+        yield SimpleNamespace(workers=workers, client=client)
+    finally:
+        client.close()
+        workers.stop_all()
+
+
+def wait_until(predicate: Callable[[], bool], what: Callable[[], Any] = str) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {SETTLE_S}s: {what()}")
+        time.sleep(0.01)
+
+
+def settled(session: CompactingSession) -> bool:
+    """Every turn is submitted and the service's outcome for the newest one has arrived."""
+    s = session.status
+    return (
+        s.pending_submits == 0
+        and s.last_submitted_revision is not None
+        and s.last_outcome_revision is not None
+        and s.last_outcome_revision >= s.last_submitted_revision
+    )
+
+
+class ScriptedModel(BaseChatModel):
+    """Calls ``read_file`` ``turns`` times, then answers; given ``recall``, its next call (in a
+    later run) asks ``recall_message`` for that id, then it answers again. Records what it was
+    given."""
+
+    turns: int
+    recall: str | None = None
+    given: list[list[BaseMessage]] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        self.given.append(list(messages))
+        k = len(self.given) - 1
+        if k < self.turns:
+            path = f"src/pkg/mod_{k}.py"
+            message = AIMessage(
+                f"Step {k}: reading {path}.",
+                tool_calls=[{"name": "read_file", "args": {"path": path}, "id": f"call{k}"}],
+            )
+        elif k == self.turns + 1 and self.recall is not None:
+            message = AIMessage(
+                "Looking at the first file again.",
+                tool_calls=[{"name": "recall_message", "args": {"id": self.recall}, "id": "rc"}],
+            )
+        else:
+            message = AIMessage("All files read; the fix is in mod_3.py.")
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def file_body(path: str) -> str:
+    return " ".join(f"{path.split('/')[-1][:-3]}_line{i}" for i in range(120))
+
+
+def read_file_tool(session: Callable[[], CompactingSession]) -> Any:
+    @tool
+    def read_file(path: str) -> str:
+        """Read a file of the repository."""
+        # The model's own latency, as it were: the snapshot submitted after the model call
+        # that asked for this file is evaluated (and maybe compacted) before the next call.
+        wait_until(lambda: settled(session()), what=lambda: session().status)
+        return file_body(path)
+
+    return read_file
+
+
+SUMMARY = "[compaction-worker summary]"
+
+
+def check_run(
+    model: ScriptedModel, state_messages: list[BaseMessage], session: CompactingSession
+) -> None:
+    """What every model call was given, against the agent's state at the end."""
+    turns = model.turns
+    # the state keeps the whole history: the task, every call and its full result, the answer
+    assert len(state_messages) == 1 + 2 * turns + 1
+    assert len({m.id for m in state_messages}) == len(state_messages)
+    results = [m for m in state_messages if isinstance(m, ToolMessage)]
+    assert [m.content for m in results] == [file_body(f"src/pkg/mod_{k}.py") for k in range(turns)]
+    by_id = {m.id: m for m in state_messages}
+    compacted_calls = []
+    for k, sent in enumerate(model.given):
+        assert isinstance(sent[0], SystemMessage) and sent[0].content == SYSTEM
+        history = sent[1:]
+        # tool-call pairs are intact: every call answered, every result after its call
+        calls: list[str] = []
+        for m in history:
+            if isinstance(m, AIMessage):
+                calls += [c["id"] for c in m.tool_calls]
+            if isinstance(m, ToolMessage):
+                assert m.tool_call_id in calls, (k, m.tool_call_id)
+        answered = {m.tool_call_id for m in history if isinstance(m, ToolMessage)}
+        assert set(calls) == answered, k
+        # the newest messages are always the agent's own
+        assert history[-1] is by_id[history[-1].id] or history[-1] == by_id[history[-1].id]
+        summaries = [m for m in history if str(m.content).startswith(SUMMARY)]
+        if summaries:
+            compacted_calls.append(k)
+            assert len(history) < 1 + 2 * k  # fewer than the state held at that call
+        for m in history:
+            if m not in summaries:
+                assert m.id in by_id
+                if isinstance(m, ToolMessage) and m != by_id[m.id]:  # a projected result
+                    assert m.tool_call_id == by_id[m.id].tool_call_id
+                else:
+                    assert m == by_id[m.id]
+    assert compacted_calls, "no model call was given a compacted history"
+    # once compacted, every later call is (the compaction arrived while the agent went on)
+    assert compacted_calls == list(range(compacted_calls[0], len(model.given)))
+    assert session.compactions and session.status.compactions_skipped == 0
+    last = model.given[-1]
+    assert request_tokens(to_wire(last)) < WINDOW
+
+
+def request_tokens(request: list[dict[str, Any]]) -> int:
+    return count_request_tokens(formats.to_messages("openai", request), tokenizer_for("gpt-4.1"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("call", ["invoke", "ainvoke"])
+def test_create_agent_gives_the_model_the_compacted_history_and_keeps_the_full_state(
+    cluster: Any, call: str
+) -> None:
+    session = CompactingSession(
+        f"c-lc-create-agent-{call}", client=cluster.client, model="gpt-4.1", context_window=WINDOW
+    )
+    model = ScriptedModel(turns=12)
+    try:
+        agent = create_agent(
+            model,
+            tools=[read_file_tool(lambda: session)],
+            system_prompt=SYSTEM,
+            middleware=[CompactionMiddleware(session)],
+        )
+        task = {"messages": [HumanMessage("Find the bug in src/pkg.")]}
+        config: Any = {"recursion_limit": 100}
+        if call == "invoke":
+            result = agent.invoke(task, config)
+        else:  # awrap_model_call; the tool runs in a thread
+            result = asyncio.run(agent.ainvoke(task, config))
+        check_run(model, result["messages"], session)
+        # after the last model call its answer was submitted too: the session has everything
+        wait_until(lambda: settled(session), what=lambda: session.status)
+        assert session.messages[-1]["id"] == result["messages"][-1].id
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_one_session_per_thread_across_runs_and_the_recall_tool(cluster: Any) -> None:
+    """A checkpointer keeps each thread's history between runs; the middleware keeps one
+    session per thread_id, and the model recalls a compacted tool result by its call id."""
+    made: dict[str, CompactingSession] = {}
+
+    def session_for(thread_id: str) -> CompactingSession:
+        made[thread_id] = CompactingSession(
+            f"c-lc-thread-{thread_id}",
+            client=cluster.client,
+            model="gpt-4.1",
+            context_window=WINDOW,
+        )
+        return made[thread_id]
+
+    model = ScriptedModel(turns=8, recall="call0")
+    middleware = CompactionMiddleware(session_for, recall_tool=True)
+    agent = create_agent(
+        model,
+        tools=[read_file_tool(lambda: made["t1"])],
+        system_prompt=SYSTEM,
+        middleware=[middleware],
+        checkpointer=InMemorySaver(),
+    )
+    config: Any = {"configurable": {"thread_id": "t1"}, "recursion_limit": 100}
+    try:
+        first = agent.invoke({"messages": [HumanMessage("Find the bug in src/pkg.")]}, config)
+        assert len(first["messages"]) == 1 + 2 * 8 + 1
+        session = made["t1"]
+        wait_until(lambda: settled(session), what=lambda: session.status)
+        second = agent.invoke({"messages": [HumanMessage("Show me mod_0.py again.")]}, config)
+        assert list(made) == ["t1"] and middleware.sessions == [session]
+        messages = second["messages"]
+        assert messages[: len(first["messages"])] == first["messages"]  # the state keeps it all
+        assert len(messages) == len(first["messages"]) + 1 + 2 + 1
+        # the compacted history went on into the second run: the model never saw call0 again
+        # except through the recall tool
+        sent = model.given[8 + 1]
+        assert any(str(m.content).startswith(SUMMARY) for m in sent)
+        assert not any(getattr(m, "tool_call_id", None) == "call0" for m in sent)
+        recalled = messages[-2]
+        assert isinstance(recalled, ToolMessage) and recalled.tool_call_id == "rc"
+        original = json.loads(str(recalled.content))
+        assert original["tool_call_id"] == "call0"
+        assert original["content"] == file_body("src/pkg/mod_0.py")
+        assert from_wire([original]) == [first["messages"][2]]  # the agent's own message
+        assert session.status.compactions_skipped == 0
+    finally:
+        for s in made.values():
+            s.close()
+
+
+@pytest.mark.slow
+def test_the_prebuilt_react_agent_with_the_pre_model_hook(cluster: Any) -> None:
+    session = CompactingSession(
+        "c-lc-react-agent", client=cluster.client, model="gpt-4.1", context_window=WINDOW
+    )
+    model = ScriptedModel(turns=12)
+    hook = CompactionHook(session)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
+            agent = create_react_agent(
+                model, [read_file_tool(lambda: session)], prompt=SYSTEM, pre_model_hook=hook
+            )
+        result = agent.invoke(
+            {"messages": [HumanMessage("Find the bug in src/pkg.")]},
+            {"recursion_limit": 100},
+        )
+        assert "llm_input_messages" not in result
+        check_run(model, result["messages"], session)
+        hook.flush(result["messages"])
+        wait_until(lambda: settled(session), what=lambda: session.status)
+        assert session.messages[-1]["id"] == result["messages"][-1].id
+    finally:
+        session.close()
