@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +30,7 @@ from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 from pydantic import Field
 from service_support import (  # noqa: F401 - fixtures
+    REPO_ROOT,
     Workers,
     client_for,
     redis_server,
@@ -494,3 +499,23 @@ def test_the_prebuilt_react_agent_with_the_pre_model_hook(cluster: Any) -> None:
         assert session.messages[-1]["id"] == result["messages"][-1].id
     finally:
         session.close()
+
+
+@pytest.mark.slow
+def test_the_example_runs_offline(tmp_path: Path) -> None:
+    """examples/langchain_example.py: its own embedded Redis, workers and scheduler."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "langchain_example.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len([line for line in lines if line.startswith("model call")]) == 13
+    assert "(compacted)" in proc.stdout
+    assert "the agent's state holds all 26 messages" in lines[-1]
