@@ -22,7 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
@@ -286,11 +293,12 @@ def settled(session: CompactingSession) -> bool:
 
 class ScriptedModel(BaseChatModel):
     """Calls ``read_file`` ``turns`` times, then answers; given ``recall``, its next call (in a
-    later run) asks ``recall_message`` for that id, then it answers again. Records what it was
-    given."""
+    later run) asks ``recall_message`` for that id, then it answers again; given ``more``, the
+    next run reads that many files more before answering. Records what it was given."""
 
     turns: int
     recall: str | None = None
+    more: int = 0
     given: list[list[BaseMessage]] = Field(default_factory=list)
 
     @property
@@ -309,7 +317,7 @@ class ScriptedModel(BaseChatModel):
     ) -> ChatResult:
         self.given.append(list(messages))
         k = len(self.given) - 1
-        if k < self.turns:
+        if k < self.turns or self.turns < k <= self.turns + self.more:
             path = f"src/pkg/mod_{k}.py"
             message = AIMessage(
                 f"Step {k}: reading {path}.",
@@ -519,3 +527,44 @@ def test_the_example_runs_offline(tmp_path: Path) -> None:
     assert len([line for line in lines if line.startswith("model call")]) == 13
     assert "(compacted)" in proc.stdout
     assert "the agent's state holds all 26 messages" in lines[-1]
+
+
+@pytest.mark.slow
+def test_an_edited_state_is_submitted_whole_and_compacted_again(cluster: Any) -> None:
+    """The agent's history changes under the middleware (a turn removed from the checkpoint):
+    the model is given the edited history as it is, the session submits it whole, and the
+    compaction of the old history is not applied to it; later calls are compacted again."""
+    session = CompactingSession(
+        "c-lc-edited", client=cluster.client, model="gpt-4.1", context_window=WINDOW
+    )
+    model = ScriptedModel(turns=8, more=8)
+    agent = create_agent(
+        model,
+        tools=[read_file_tool(lambda: session)],
+        system_prompt=SYSTEM,
+        middleware=[CompactionMiddleware(session)],
+        checkpointer=InMemorySaver(),
+    )
+    config: Any = {"configurable": {"thread_id": "edited"}, "recursion_limit": 100}
+    try:
+        first = agent.invoke({"messages": [HumanMessage("Find the bug in src/pkg.")]}, config)
+        assert session.compactions
+        wait_until(lambda: settled(session), what=lambda: session.status)
+        call1, result1 = first["messages"][3:5]
+        assert isinstance(result1, ToolMessage) and result1.tool_call_id == "call1"
+        agent.update_state(
+            config, {"messages": [RemoveMessage(id=call1.id), RemoveMessage(id=result1.id)]}
+        )
+        second = agent.invoke({"messages": [HumanMessage("Read the rest.")]}, config)
+        messages = second["messages"]
+        assert len(messages) == len(first["messages"]) - 2 + 1 + 2 * 8 + 1
+        assert call1.id not in {m.id for m in messages}
+        after_edit = model.given[9]
+        assert after_edit[1:] == messages[: len(after_edit) - 1]  # the edited history, whole
+        assert not any(str(m.content).startswith(SUMMARY) for m in after_edit)
+        later = model.given[-1]
+        assert any(str(m.content).startswith(SUMMARY) for m in later)
+        assert "call1" not in {getattr(m, "tool_call_id", None) for m in later}
+        assert request_tokens(to_wire(later)) < WINDOW
+    finally:
+        session.close()
