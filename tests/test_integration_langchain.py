@@ -24,6 +24,7 @@ from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
+    AIMessageChunk,
     BaseMessage,
     HumanMessage,
     RemoveMessage,
@@ -242,6 +243,18 @@ def test_the_wire_form_is_chat_completions() -> None:
         "tool_calls": wire[2]["tool_calls"],
     }
     assert from_wire([rendered]) == [messages[2]]
+
+
+def test_what_cannot_travel_is_refused_or_left_on_the_agents_message() -> None:
+    with pytest.raises(TypeError, match="AIMessageChunk"):
+        to_wire([AIMessageChunk("partial")])
+    with pytest.raises(ValueError, match="has no id"):
+        to_wire([AIMessage("", tool_calls=[{"name": "bash", "args": {}, "id": None}])])
+    with pytest.raises(TypeError, match="not JSON"):
+        to_wire([HumanMessage([{"type": "text", "text": "x", "when": object()}])])
+    # an artifact the model never sees stays on the agent's message, not in the snapshot
+    wire = to_wire([ToolMessage("ok", tool_call_id="c1", id="t", artifact=object())])
+    assert wire == [{"id": "t", "role": "tool", "content": "ok", "tool_call_id": "c1"}]
 
 
 # --- the real agent loops against a real Redis and real workers ---------------------------

@@ -27,10 +27,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
+from langchain.agents.middleware import types as _middleware_types
 from langchain.agents.middleware.types import (
     AgentMiddleware,
     AgentState,
-    ExtendedModelResponse,
     ModelRequest,
     ModelResponse,
 )
@@ -400,8 +400,12 @@ def _with_ids(messages: Iterable[BaseMessage]) -> list[BaseMessage]:
     return out
 
 
+# A model response with a state update; not in every langchain 1.x.
+_EXTENDED = getattr(_middleware_types, "ExtendedModelResponse", None)
+
+
 def _response_messages(response: Any) -> list[BaseMessage]:
-    if isinstance(response, ExtendedModelResponse):
+    if _EXTENDED is not None and isinstance(response, _EXTENDED):
         response = response.model_response
     if isinstance(response, ModelResponse):
         return list(response.result)
