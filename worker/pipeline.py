@@ -44,6 +44,7 @@ from worker.events import (
 )
 from worker.facts import extract_facts
 from worker.history import apply_compaction, range_digest
+from worker.media import placeholders
 from worker.memo import (
     StoredMemo,
     decode_memo,
@@ -65,7 +66,7 @@ from worker.projection import (
     project_and_count,
 )
 from worker.reuse import Reuse
-from worker.snapshots import ParsedSnapshot, parse_snapshot
+from worker.snapshots import ParsedSnapshot, media_rules, parse_snapshot
 from worker.summarize import Summarizer, SummaryRequest
 from worker.summarize.digest import DigestSummarizer
 from worker.tokens import Tokenizer
@@ -489,10 +490,13 @@ def _carry_budget(
 
 
 def _must_keep(messages: list[Message]) -> list[str]:
+    """Paths, the first line of each failure, and a placeholder per image or file: the
+    summary names the range's images, so the model knows they existed."""
     facts = extract_facts(messages)
     items = list(facts.paths)
     for action in facts.failing:
         items.extend(action.error_lines[:1])
+    items += [name for m in messages for name in placeholders(m.id, m.attachments)]
     return list(dict.fromkeys(items))[:MUST_KEEP_LIMIT]
 
 
@@ -565,8 +569,12 @@ def tokens_of(
     compressed: CompressionCache | None = None,
 ) -> int:
     """Projected request tokens of a wire-format history, under the snapshot's settings."""
+    snap = parsed.snapshot
     messages = formats.to_messages(
-        parsed.snapshot.format, raw_messages, system=parsed.snapshot.system
+        snap.format,
+        raw_messages,
+        system=snap.system,
+        media=media_rules(snap.format, parsed.settings.compaction),
     )
     projection = project(messages, projection_policy(parsed), compressed=compressed)
     return count_request_tokens(projection.messages, tokenizer)

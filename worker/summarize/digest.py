@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from worker.events import Summary
 from worker.facts import Facts, ToolAction, extract_facts, extract_paths
+from worker.media import placeholders
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.tokens import count_tokens, cut_to_tokens
@@ -42,6 +43,7 @@ class DigestSummarizer:
         sections = [
             _Section("Files touched", "\n".join(paths), 6),
             _Section("Errors seen", _errors(facts), 5),
+            _Section("Images and files", _attachments(request.messages), 5),
             _Section("Earlier user requests", _task(request.messages), 4),
             _Section("Latest state", _latest_state(request.messages), 3),
             _Section("Actions", _actions(facts), 2),
@@ -80,6 +82,15 @@ def _task(messages: list[Message]) -> str:
     first = users[0].strip()
     latest = users[-1].strip()
     return first if latest == first else f"{first}\n\nLatest user message:\n{latest}"
+
+
+def _attachments(messages: list[Message]) -> str:
+    """Each image and file of the range, by placeholder and label (never its bytes)."""
+    lines = []
+    for m in messages:
+        for name, a in zip(placeholders(m.id, m.attachments), m.attachments, strict=True):
+            lines.append(f"- {name}: {a.label} (from the {m.role})")
+    return "\n".join(lines)
 
 
 def _latest_state(messages: list[Message]) -> str:

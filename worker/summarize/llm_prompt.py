@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from worker.media import placeholders
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER
 
@@ -42,6 +43,9 @@ Rules:
 - Quote file paths, commands, identifiers, URLs and error messages verbatim, in backticks. Never \
 paraphrase them.
 - Every item under <must-keep> must appear verbatim in your summary.
+- Images and files appear as placeholders such as `[image 1 in message m7]` (their content is \
+not shown): name each one under "Artifacts and files touched", with what the conversation says \
+about it.
 - Artifacts and files touched: list every file path mentioned, with what happened to it.
 - Errors and outcomes: each error with how it was resolved, or that it is still open.
 - Delegated work: each sub-task handed to another agent or tool, and its result.
@@ -101,15 +105,19 @@ def render_message(message: Message) -> str:
     """One message as plain text: role, text, tool calls (name, id, arguments), tool results.
 
     Reasoning (thinking) blocks are left out: they are the model's scratch work, often larger
-    than everything else, and the decisions they led to show in the text and the calls.
+    than everything else, and the decisions they led to show in the text and the calls. Images
+    and files are never sent: a placeholder names each (``[image 1 in message m7]``).
     """
+    named = "\n".join(placeholders(message.id, message.attachments))
     if message.role == "tool":
         name = message.tool_name or "tool"
         head = f"[tool result {name} id={message.tool_call_id or '?'}]"
-        return f"{head}\n{message.content}"
+        return "\n".join(part for part in (head, message.content, named) if part)
     lines = [f"[{message.role}]"]
     if message.content:
         lines.append(message.content)
+    if named:
+        lines.append(named)
     for call in message.tool_calls:
         lines.append(f"[tool call {call.name} id={call.id}] {call.arguments}".rstrip())
     return "\n".join(lines)
