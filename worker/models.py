@@ -72,6 +72,16 @@ class ModelInfo(BaseModel):
     context_window: StrictInt | None = Field(default=None, ge=1)
 
 
+class Usage(BaseModel):
+    """The provider-reported usage of the agent's last request, which held the first
+    ``message_count`` messages of this snapshot (docs/snapshot.md, "Usage")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tokens: StrictInt = Field(ge=0, le=MAX_REVISION)
+    message_count: StrictInt = Field(ge=1, le=MAX_REVISION)
+
+
 class Snapshot(BaseModel):
     """A snapshot as submitted (docs/snapshot.md). ``messages`` stay in the agent's wire format."""
 
@@ -85,6 +95,7 @@ class Snapshot(BaseModel):
     system: str | list[dict[str, Any]] | None = None  # Anthropic's top-level system prompt
     config: dict[str, Any] = Field(default_factory=dict)
     tools: dict[str, Any] = Field(default_factory=dict)
+    usage: Usage | None = None
 
 
 def canonical_json(value: Any) -> str:

@@ -196,6 +196,12 @@ def parse_snapshot(
         raise InvalidSnapshot(
             "messages", f"{len(snapshot.messages)} messages; the limit is {limits.max_messages}"
         )
+    if snapshot.usage is not None and snapshot.usage.message_count > len(snapshot.messages):
+        raise InvalidSnapshot(
+            "usage.message_count",
+            f"the last request held {snapshot.usage.message_count} messages, but the snapshot "
+            f"has only {len(snapshot.messages)}: usage must describe a prefix of messages",
+        )
     effective = _effective_settings(settings, snapshot)
     prior = _prior(earlier, snapshot, effective)
     ids, plain = formats.identify(snapshot.messages, prior)
