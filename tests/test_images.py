@@ -377,3 +377,11 @@ def test_anthropic_carried_turns_and_results_keep_their_images(tmp_path: Path) -
                  summary_max_output_tokens=300)  # fmt: skip
     event = _compact(snap, tmp_path, Recording())
     assert turn in event.compaction.replacement
+
+
+def test_an_image_only_turn_is_carried_like_any_user_turn(tmp_path: Path) -> None:
+    messages = _openai_history(None)
+    messages[-2]["content"] = [_data_url_part("high")]  # the newest user turn: a screenshot
+    snap = _snap(messages, auto_compact_threshold_tokens=2500, summary_max_output_tokens=300)
+    event = _compact(snap, tmp_path, Recording())
+    assert messages[-2] in event.compaction.replacement

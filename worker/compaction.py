@@ -112,7 +112,9 @@ def _preserved_users(
             continue
         for i in g.indices():
             m = messages[i]
-            if m.role != "user" or is_summary_message(m) or not m.content.strip():
+            if m.role != "user" or is_summary_message(m):
+                continue
+            if not m.content.strip() and not m.attachments:  # an image alone is a turn
                 continue
             cost = count(m)
             if chosen and spent + cost > budget:
