@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from worker import formats
-from worker.config import Settings
+from worker.config import LLMConfig, Settings
 from worker.events import CompletedEvent
 from worker.media import (
     MediaRules,
@@ -26,7 +26,9 @@ from worker.pipeline import Adapters, Pipeline, evaluate
 from worker.snapshots import parse_snapshot
 from worker.summarize import SummaryRequest
 from worker.summarize.digest import DigestSummarizer
-from worker.summarize.llm_prompt import render_message
+from worker.summarize.llm import LLMSummarizer
+from worker.summarize.llm_prompt import render_message, without_bytes
+from worker.testing.standin_llm import StandinLLM
 from worker.tokens import tokenizer_for
 from worker.transcripts import TranscriptStore
 
@@ -385,3 +387,36 @@ def test_an_image_only_turn_is_carried_like_any_user_turn(tmp_path: Path) -> Non
     snap = _snap(messages, auto_compact_threshold_tokens=2500, summary_max_output_tokens=300)
     event = _compact(snap, tmp_path, Recording())
     assert messages[-2] in event.compaction.replacement
+
+
+def test_the_llm_requests_hold_no_image_bytes(tmp_path: Path) -> None:
+    """Through the real LLM client to the stand-in provider: every request body it received."""
+    messages = _openai_history(_data_url_part("high"))
+    # Bytes in text too: a tool printed a data URL, a user pasted raw base64.
+    messages[3]["content"] = f"wrote data:image/png;base64,{SCREENSHOT} to out.png"
+    messages[-2]["content"] = [{"type": "text", "text": "Any progress?"}, _data_url_part("auto")]
+    snap = _snap(
+        messages, mode="remote_only", auto_compact_threshold_tokens=2500,
+        preserve_recent_user_tokens=900, summary_max_output_tokens=300,
+    )  # fmt: skip
+    parsed = parse_snapshot(snap, Settings())
+    with StandinLLM(expected_key="k") as server:
+        config = LLMConfig(base_url=server.openai_base_url, api_key_env="IMG_KEY", max_retries=0)
+        with LLMSummarizer(config, environ={"IMG_KEY": "k"}) as llm:
+            adapters = Adapters(store=TranscriptStore(tmp_path), llm=llm)
+            event = Pipeline(parsed.settings, adapters).run(parsed)[-1]
+        bodies = [json.dumps(r.body) for r in server.requests]
+    assert isinstance(event, CompletedEvent), event
+    assert bodies
+    for body in bodies:
+        assert SCREENSHOT[:100] not in body and "base64," not in body
+    assert any("[image 1 in message u2]" in body for body in bodies)
+    assert "[image 1 in message u2]" in event.compaction.summary.text  # a must-keep item
+    assert [m for m in event.compaction.replacement if m.get("id") == "u3"] == [messages[-2]]
+
+
+def test_without_bytes_leaves_ordinary_text_alone() -> None:
+    text = "pytest -q tests/test_app.py\n" + "ok " * 500 + "a" * 999
+    assert without_bytes(text) == text
+    raw = b64(png(64, 64) * 20)
+    assert without_bytes(f"x {raw} y") == f"x [{len(raw)} characters of base64 omitted] y"

@@ -16,6 +16,7 @@ from worker.facts import Facts, ToolAction, extract_facts, extract_paths
 from worker.media import placeholders
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
+from worker.summarize.llm_prompt import without_bytes
 from worker.tokens import count_tokens, cut_to_tokens
 
 MAX_ACTION_LINES = 40
@@ -76,7 +77,7 @@ def _strip_marker(text: str) -> str:
 
 
 def _task(messages: list[Message]) -> str:
-    users = [m.content for m in messages if m.role == "user" and m.content.strip()]
+    users = [without_bytes(m.content) for m in messages if m.role == "user" and m.content.strip()]
     if not users:
         return ""
     first = users[0].strip()
@@ -96,7 +97,7 @@ def _attachments(messages: list[Message]) -> str:
 def _latest_state(messages: list[Message]) -> str:
     for m in reversed(messages):
         if m.role == "assistant" and m.content.strip():
-            return m.content.strip()
+            return without_bytes(m.content).strip()
     return ""
 
 
