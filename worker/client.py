@@ -38,7 +38,7 @@ from worker.projection import CompressionCache, ProjectionPolicy
 from worker.projection import project as project_messages
 from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
 from worker.redis_state import RedisState, SubmitResult, connect
-from worker.snapshots import decode_json, encode_json
+from worker.snapshots import decode_json, encode_json, media_rules
 from worker.transcripts import TranscriptStore
 
 __all__ = [
@@ -73,8 +73,11 @@ def project(
 
     ``compressed``: a cache of compressed tool results you keep between calls
     (``worker.reuse.Reuse().compressed``), so that each result is compressed once."""
-    normalized = formats.to_messages(format, messages, system=system)
-    policy = ProjectionPolicy.from_config(config or CompactionConfig(), model=model)
+    config = config or CompactionConfig()
+    normalized = formats.to_messages(
+        format, messages, system=system, media=media_rules(format, config)
+    )
+    policy = ProjectionPolicy.from_config(config, model=model)
     projection = project_messages(normalized, policy, compressed=compressed)
     if not projection.bodies:
         return list(messages)

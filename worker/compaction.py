@@ -112,7 +112,9 @@ def _preserved_users(
             continue
         for i in g.indices():
             m = messages[i]
-            if m.role != "user" or is_summary_message(m) or not m.content.strip():
+            if m.role != "user" or is_summary_message(m):
+                continue
+            if not m.content.strip() and not m.attachments:  # an image alone is a turn
                 continue
             cost = count(m)
             if chosen and spent + cost > budget:
@@ -266,9 +268,11 @@ def _cut_user_turn(plan: RangePlan, message_id: str, over: int, count: TokenCoun
     for k, m in enumerate(plan.carried):
         if m.id != message_id:
             continue
-        keep = max(count(m) - over - 16, 32)
+        # Its images and files stay whole (never dropped from a carried turn): the text gives.
+        text_tokens = max(count(m) - m.attachment_tokens, 1)
+        keep = max(text_tokens - over - 16, 32)
         text = m.content
-        chars = max(len(text) * keep // max(count(m), 1), 64)
+        chars = max(len(text) * keep // text_tokens, 64)
         half = chars // 2
         cut = f"{text[:half]}\n…[user message shortened by compaction]…\n{text[-half:]}"
         if len(cut) < len(text):

@@ -71,6 +71,9 @@ class CompactionConfig(_Strict):
     compress_min_tokens: int = Field(default=200, ge=0)
     compress_min_saving: float = Field(default=0.15, ge=0.0, lt=1.0)
     token_counting: Literal["exact", "estimate"] = "exact"
+    image_default_width: int = Field(default=1024, ge=1)
+    image_default_height: int = Field(default=1024, ge=1)
+    file_part_tokens: int = Field(default=1500, ge=0)
     max_snapshot_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=50_000, ge=1)
 

@@ -46,12 +46,16 @@ class ToolCallPolicy(_Published):
 
 
 class Trigger(_Published):
-    """The auto-compaction trigger as evaluated on the projected request."""
+    """The auto-compaction trigger as evaluated on the projected request. ``counted_by``: how
+    ``projected_tokens`` was counted (``tiktoken``, ``estimate``, ``usage+tiktoken``,
+    ``usage+estimate``); ``usage_ignored``: why the snapshot's ``usage`` was not used."""
 
     kind: str
     threshold_tokens: int | None = None
     projected_tokens: int
     context_window: int | None = None
+    counted_by: str = "tiktoken"
+    usage_ignored: str | None = None
 
 
 class Summary(_Published):
@@ -91,6 +95,9 @@ class Compaction(_Published):
     tool_overrides: dict[str, ToolCallPolicy] = Field(default_factory=dict)
     tokens_before: int
     tokens_after: int
+    # How each was counted (as Trigger.counted_by); "tiktoken" in events of older versions.
+    tokens_before_counted_by: str = "tiktoken"
+    tokens_after_counted_by: str = "tiktoken"
     transcript: TranscriptRef | None = None
     format: WireFormat = "openai"
     preserved_ids: list[str] = Field(default_factory=list)

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from worker.media import Attachment
+
 Role = Literal["system", "user", "assistant", "tool"]
 WireFormat = Literal["openai", "anthropic", "responses"]
 # 2**53 - 1: exact in JSON numbers everywhere and in Redis' Lua (doubles). Transcript names
@@ -43,7 +45,9 @@ class Message(_Frozen):
     """One normalized message. ``source_index`` is its position in the snapshot's ``messages``
     (an Anthropic message may yield several of these; -1 is Anthropic's top-level system).
     ``joins_next``: the message belongs with the one after it and is never separated from it
-    (a Responses ``reasoning`` item and the call or message it produced)."""
+    (a Responses ``reasoning`` item and the call or message it produced). ``attachments``: its
+    images and files, with what each costs (:mod:`worker.media`); their bytes stay in the wire
+    message."""
 
     id: str
     role: Role
@@ -54,6 +58,11 @@ class Message(_Frozen):
     tool_name: str | None = None
     source_index: int
     joins_next: bool = False
+    attachments: tuple[Attachment, ...] = ()
+
+    @property
+    def attachment_tokens(self) -> int:
+        return sum(a.tokens for a in self.attachments)
 
 
 class ModelInfo(BaseModel):
@@ -61,6 +70,16 @@ class ModelInfo(BaseModel):
 
     name: str = Field(default="", max_length=256)
     context_window: StrictInt | None = Field(default=None, ge=1)
+
+
+class Usage(BaseModel):
+    """The provider-reported usage of the agent's last request, which held the first
+    ``message_count`` messages of this snapshot (docs/snapshot.md, "Usage")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tokens: StrictInt = Field(ge=0, le=MAX_REVISION)
+    message_count: StrictInt = Field(ge=1, le=MAX_REVISION)
 
 
 class Snapshot(BaseModel):
@@ -76,6 +95,7 @@ class Snapshot(BaseModel):
     system: str | list[dict[str, Any]] | None = None  # Anthropic's top-level system prompt
     config: dict[str, Any] = Field(default_factory=dict)
     tools: dict[str, Any] = Field(default_factory=dict)
+    usage: Usage | None = None
 
 
 def canonical_json(value: Any) -> str:

@@ -44,6 +44,7 @@ from worker.events import (
 )
 from worker.facts import extract_facts
 from worker.history import apply_compaction, range_digest
+from worker.media import placeholders
 from worker.memo import (
     StoredMemo,
     decode_memo,
@@ -55,6 +56,7 @@ from worker.memo import (
 from worker.models import Message, canonical_json
 from worker.projection import (
     COMPRESSED_CACHE,
+    REPLY_PRIMING_TOKENS,
     CompressionCache,
     CountedProjection,
     Projection,
@@ -65,10 +67,10 @@ from worker.projection import (
     project_and_count,
 )
 from worker.reuse import Reuse
-from worker.snapshots import ParsedSnapshot, parse_snapshot
+from worker.snapshots import ParsedSnapshot, media_rules, parse_snapshot
 from worker.summarize import Summarizer, SummaryRequest
 from worker.summarize.digest import DigestSummarizer
-from worker.tokens import Tokenizer
+from worker.tokens import Tokenizer, counted_by
 from worker.transcripts import TranscriptStore
 
 log = logging.getLogger(__name__)
@@ -88,13 +90,34 @@ class Adapters:
 
 
 @dataclass(frozen=True)
+class UsagePrefix:
+    """The snapshot's ``usage`` as taken: the provider's ``input_tokens`` for the first
+    ``message_count`` wire messages, and our own count of that prefix (``counted``)."""
+
+    input_tokens: int
+    message_count: int
+    counted: int
+
+    @property
+    def offset(self) -> int:
+        """What the provider counted beyond our count of the prefix (its tokenizer, tool
+        definitions, anything the snapshot does not show)."""
+        return self.input_tokens - self.counted
+
+
+@dataclass(frozen=True)
 class Evaluation:
-    """The projected request, counted, against the resolved threshold."""
+    """The projected request, counted, against the resolved threshold. With a ``usage`` taken,
+    the prefix it covers counts as the provider said, and only the messages after it are
+    counted by ``tokenizer_counted_by``."""
 
     counted: CountedProjection
     threshold: int | None
     context_window: int | None
     trigger_kind: str
+    tokenizer_counted_by: str = "tiktoken"
+    usage: UsagePrefix | None = None
+    usage_ignored: str | None = None
 
     @property
     def projection(self) -> Projection:
@@ -102,7 +125,14 @@ class Evaluation:
 
     @property
     def projected_tokens(self) -> int:
+        if self.usage is not None:
+            return self.counted.tokens + self.usage.offset
         return self.counted.tokens
+
+    @property
+    def counted_by(self) -> str:
+        prefix = "usage+" if self.usage is not None else ""
+        return prefix + self.tokenizer_counted_by
 
     @property
     def over_threshold(self) -> bool:
@@ -114,6 +144,8 @@ class Evaluation:
             threshold_tokens=self.threshold,
             projected_tokens=self.projected_tokens,
             context_window=self.context_window,
+            counted_by=self.counted_by,
+            usage_ignored=self.usage_ignored,
         )
 
 
@@ -215,6 +247,14 @@ class Pipeline:
         if not changed:
             return parsed
         raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
+        if parsed.snapshot.usage is not None:
+            # The usage counted the messages as submitted, not as compacted.
+            log.info(
+                "ignoring usage of %s revision %s: a published compaction was applied first",
+                parsed.conversation_id,
+                parsed.revision,
+            )
+            raw["usage"] = None
         # Validates the ids of the result too; what precedes the compacted range is reused.
         return parse_snapshot(raw, self.settings, earlier=parsed)
 
@@ -400,12 +440,60 @@ def evaluate(
     counted = project_and_count(
         parsed.messages, projection_policy(parsed), tokenizer, prior, compressed=compressed
     )
+    usage, ignored = take_usage(parsed, counted)
     return Evaluation(
         counted=counted,
         threshold=config.auto_compact_threshold(window),
         context_window=window,
         trigger_kind=config.auto_compact_trigger,
+        tokenizer_counted_by=counted_by(tokenizer),
+        usage=usage,
+        usage_ignored=ignored,
     )
+
+
+# A usage is taken when the provider's count of the prefix is at least half of ours (less means
+# it cannot be the request we count: cached input tokens left out, another prefix) and at most
+# four times ours plus 32,000 (a tokenizer that needs more tokens, tool definitions and a system
+# prompt the snapshot does not show).
+USAGE_MIN_SHARE = 0.5
+USAGE_MAX_FACTOR = 4
+USAGE_MAX_EXTRA = 32_000
+
+
+def take_usage(
+    parsed: ParsedSnapshot, counted: CountedProjection
+) -> tuple[UsagePrefix | None, str | None]:
+    """The snapshot's ``usage`` as the count of the prefix it covers, or why it is ignored
+    (logged). Usage that cannot describe this snapshot (more messages than it has, negative
+    numbers) was rejected with the snapshot already."""
+    usage = parsed.snapshot.usage
+    if usage is None:
+        return None, None
+    k = usage.message_count
+    ours = REPLY_PRIMING_TOKENS + sum(
+        n
+        for m, n in zip(counted.projection.messages, counted.counts, strict=True)
+        if m.source_index < k
+    )
+    reason = None
+    if usage.input_tokens < ours * USAGE_MIN_SHARE:
+        reason = (
+            f"usage says {usage.input_tokens} input tokens for the first {k} messages, less than "
+            f"half of our count of them ({ours}): not that request (were cached input tokens "
+            "left out?)"
+        )
+    elif usage.input_tokens > ours * USAGE_MAX_FACTOR + USAGE_MAX_EXTRA:
+        reason = (
+            f"usage says {usage.input_tokens} input tokens for the first {k} messages, more "
+            f"than {USAGE_MAX_FACTOR} times our count of them ({ours}) plus {USAGE_MAX_EXTRA}"
+        )
+    if reason is not None:
+        log.warning(
+            "ignoring usage of %s revision %s: %s", parsed.conversation_id, parsed.revision, reason
+        )
+        return None, reason
+    return UsagePrefix(input_tokens=usage.input_tokens, message_count=k, counted=ours), None
 
 
 def _load_memo(
@@ -485,14 +573,19 @@ def _carry_budget(
         if m.source_index < plan.start or m.source_index >= plan.end
     ]
     summary_room = parsed.settings.compaction.summary_max_output_tokens + 16
-    return evaluation.threshold - count_request_tokens(kept, tokenizer) - summary_room
+    # What the provider counts beyond our count (usage) is assumed to stay after compaction.
+    beyond = max(evaluation.usage.offset, 0) if evaluation.usage is not None else 0
+    return evaluation.threshold - count_request_tokens(kept, tokenizer) - summary_room - beyond
 
 
 def _must_keep(messages: list[Message]) -> list[str]:
+    """Paths, the first line of each failure, and a placeholder per image or file: the
+    summary names the range's images, so the model knows they existed."""
     facts = extract_facts(messages)
     items = list(facts.paths)
     for action in facts.failing:
         items.extend(action.error_lines[:1])
+    items += [name for m in messages for name in placeholders(m.id, m.attachments)]
     return list(dict.fromkeys(items))[:MUST_KEEP_LIMIT]
 
 
@@ -549,6 +642,8 @@ def build_compaction(
         tool_overrides=prepared.policies.overrides,
         tokens_before=evaluation.projected_tokens,
         tokens_after=0,
+        tokens_before_counted_by=evaluation.counted_by,
+        tokens_after_counted_by=counted_by(tokenizer),
         format=snap.format,
         preserved_ids=[m.id for m in plan.carried],
     )
@@ -565,8 +660,12 @@ def tokens_of(
     compressed: CompressionCache | None = None,
 ) -> int:
     """Projected request tokens of a wire-format history, under the snapshot's settings."""
+    snap = parsed.snapshot
     messages = formats.to_messages(
-        parsed.snapshot.format, raw_messages, system=parsed.snapshot.system
+        snap.format,
+        raw_messages,
+        system=snap.system,
+        media=media_rules(snap.format, parsed.settings.compaction),
     )
     projection = project(messages, projection_policy(parsed), compressed=compressed)
     return count_request_tokens(projection.messages, tokenizer)

@@ -291,12 +291,15 @@ TOOL_CALL_OVERHEAD_TOKENS = 3
 
 
 def count_message_tokens(message: Message, tokenizer: Tokenizer) -> int:
-    """Tokens of one message: exact tiktoken counts of its texts plus the chat framing."""
+    """Tokens of one message: exact tiktoken counts of its texts plus the chat framing, plus
+    its images and files as the provider bills them (:mod:`worker.media`)."""
     n = MESSAGE_OVERHEAD_TOKENS + tokenizer.count(message.role)
     if message.content:
         n += tokenizer.count(message.content)
     if message.reasoning:
         n += tokenizer.count(message.reasoning)
+    if message.attachments:
+        n += message.attachment_tokens  # as the provider bills them (worker.media)
     for call in message.tool_calls:
         n += (
             TOOL_CALL_OVERHEAD_TOKENS + tokenizer.count(call.name) + tokenizer.count(call.arguments)

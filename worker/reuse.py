@@ -25,10 +25,12 @@ from worker.cache import ContentCache, Recorder, Recording
 from worker.projection import COMPRESSED_CACHE, CompressionCache, new_compression_cache
 from worker.recent import RecentConversations
 from worker.tokens import (
+    CalibratedEstimateTokenizer,
     CharEstimateTokenizer,
     TiktokenTokenizer,
     Tokenizer,
     encoding_name_for_model,
+    has_known_tokenizer,
 )
 
 __all__ = ["Reuse"]
@@ -51,13 +53,17 @@ class Reuse:
         self.recent = RecentConversations(conversation_cache_bytes)
         self._token_cache_entries = token_cache_entries
         self._tokenizers: dict[str, TiktokenTokenizer] = {}
+        self._calibrated = CalibratedEstimateTokenizer()
         self._lock = threading.Lock()
 
     def tokenizer(self, model: str | None, *, estimate: bool = False) -> Tokenizer:
         """This process's tokenizer for ``model``'s encoding (its cache serves every
-        conversation), or the character estimate."""
+        conversation), the character estimate (``estimate``), or for a model whose tokenizer
+        is unknown the calibrated estimate."""
         if estimate:
             return CharEstimateTokenizer()
+        if not has_known_tokenizer(model):
+            return self._calibrated
         name = encoding_name_for_model(model)
         tok = self._tokenizers.get(name)
         if tok is None:

@@ -18,9 +18,10 @@ import orjson
 from pydantic import ValidationError
 
 from worker import formats
-from worker.config import Settings
+from worker.config import CompactionConfig, Settings
 from worker.errors import ConfigError, InvalidSnapshot
-from worker.models import CONVERSATION_ID_RULE, Message, Snapshot
+from worker.media import MediaRules
+from worker.models import CONVERSATION_ID_RULE, Message, Snapshot, WireFormat
 
 # Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
 OPERATOR_ONLY = frozenset(
@@ -195,11 +196,22 @@ def parse_snapshot(
         raise InvalidSnapshot(
             "messages", f"{len(snapshot.messages)} messages; the limit is {limits.max_messages}"
         )
+    if snapshot.usage is not None and snapshot.usage.message_count > len(snapshot.messages):
+        raise InvalidSnapshot(
+            "usage.message_count",
+            f"the last request held {snapshot.usage.message_count} messages, but the snapshot "
+            f"has only {len(snapshot.messages)}: usage must describe a prefix of messages",
+        )
     effective = _effective_settings(settings, snapshot)
-    prior = _prior(earlier, snapshot)
+    prior = _prior(earlier, snapshot, effective)
     ids, plain = formats.identify(snapshot.messages, prior)
     messages, pairing = formats.normalize(
-        snapshot.format, snapshot.messages, system=snapshot.system, ids=ids, prior=prior
+        snapshot.format,
+        snapshot.messages,
+        system=snapshot.system,
+        ids=ids,
+        prior=prior,
+        media=media_rules(snapshot.format, effective.compaction),
     )
     return ParsedSnapshot(
         snapshot=snapshot,
@@ -211,13 +223,30 @@ def parse_snapshot(
     )
 
 
-def _prior(earlier: ParsedSnapshot | None, snapshot: Snapshot) -> formats.Prior | None:
+def media_rules(fmt: WireFormat, config: CompactionConfig) -> MediaRules:
+    """How the snapshot's images and files are counted, under its settings."""
+    return formats.media_rules(
+        fmt,
+        width=config.image_default_width,
+        height=config.image_default_height,
+        file_tokens=config.file_part_tokens,
+    )
+
+
+def _media_settings(config: CompactionConfig) -> tuple[int, int, int]:
+    return (config.image_default_width, config.image_default_height, config.file_part_tokens)
+
+
+def _prior(
+    earlier: ParsedSnapshot | None, snapshot: Snapshot, effective: Settings
+) -> formats.Prior | None:
     """What ``snapshot`` may reuse of an earlier parse of its conversation."""
     if (
         earlier is None
         or earlier.conversation_id != snapshot.conversation_id
         or earlier.snapshot.format != snapshot.format
         or earlier.snapshot.system != snapshot.system
+        or _media_settings(earlier.settings.compaction) != _media_settings(effective.compaction)
     ):
         return None
     return formats.Prior(

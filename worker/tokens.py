@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import tempfile
 import threading
@@ -99,6 +100,18 @@ def encoding_name_for_model(model: str | None) -> str:
     except KeyError:
         return DEFAULT_ENCODING
     return name if name in _RANKS_OF else DEFAULT_ENCODING
+
+
+def has_known_tokenizer(model: str | None) -> bool:
+    """Whether tiktoken knows ``model``'s tokenizer (OpenAI's models). No name counts as known:
+    such snapshots have always been counted with o200k_base, exactly."""
+    if not model:
+        return True
+    try:
+        tiktoken.encoding_name_for_model(model)
+    except KeyError:
+        return False
+    return True
 
 
 def get_encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
@@ -199,11 +212,38 @@ class CharEstimateTokenizer:
         return estimate_tokens(text)
 
 
+# Characters per token of o200k_base over the corpus's message texts (bench/token_estimate_bench.py,
+# BENCHMARKS.md "Token estimate for unknown tokenizers"): the calibrated estimate for models
+# whose tokenizer we do not have, with tiktoken as the stand-in for theirs.
+CALIBRATED_CHARS_PER_TOKEN = 3.8
+
+
+class CalibratedEstimateTokenizer:
+    """ceil(chars / ``chars_per_token``): models whose tokenizer is unknown (Claude, Gemini, ...)
+    when the snapshot brings no ``usage``. Calibrated against tiktoken on the corpus."""
+
+    def __init__(self, chars_per_token: float = CALIBRATED_CHARS_PER_TOKEN) -> None:
+        self.chars_per_token = chars_per_token
+        self.name = f"chars/{chars_per_token:g}"
+
+    def count(self, text: str) -> int:
+        return math.ceil(len(text) / self.chars_per_token) if text else 0
+
+
+def counted_by(tokenizer: Tokenizer) -> str:
+    """How a tokenizer counts, as events say it: ``tiktoken`` or ``estimate``."""
+    return "tiktoken" if isinstance(tokenizer, TiktokenTokenizer) else "estimate"
+
+
 def tokenizer_for(model: str | None, *, estimate: bool = False) -> Tokenizer:
     """A new tokenizer for ``model`` with its own cache. A worker process keeps one per
-    encoding in its :class:`worker.reuse.Reuse`, so that the cache serves every conversation."""
+    encoding in its :class:`worker.reuse.Reuse`, so that the cache serves every conversation.
+    ``estimate``: ceil(chars / 4); a model whose tokenizer is unknown gets the calibrated
+    estimate."""
     if estimate:
         return CharEstimateTokenizer()
+    if not has_known_tokenizer(model):
+        return CalibratedEstimateTokenizer()
     return TiktokenTokenizer(model)
 
 

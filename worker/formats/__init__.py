@@ -15,6 +15,7 @@ from typing import Any
 
 from worker.errors import InvalidSnapshot
 from worker.formats import anthropic, openai, responses
+from worker.media import MediaRules, Provider
 from worker.models import (
     Message,
     WireFormat,
@@ -115,6 +116,22 @@ def _prior_ids(
     return ids, plain
 
 
+def provider_of(fmt: WireFormat) -> Provider:
+    """Whose image rule a format's images are counted by."""
+    return "anthropic" if fmt == "anthropic" else "openai"
+
+
+def media_rules(
+    fmt: WireFormat, *, width: int = 1024, height: int = 1024, file_tokens: int = 1500
+) -> MediaRules:
+    return MediaRules(
+        provider=provider_of(fmt),
+        default_width=width,
+        default_height=height,
+        file_tokens=file_tokens,
+    )
+
+
 def to_messages(
     fmt: WireFormat,
     raw_messages: list[dict[str, Any]],
@@ -122,13 +139,16 @@ def to_messages(
     system: Any = None,
     ids: list[str] | None = None,
     prior: Prior | None = None,
+    media: MediaRules | None = None,
 ) -> list[Message]:
     """Validate and normalize; ``ids`` are the wire messages' ids when already computed.
 
     With a ``prior`` parse, each of its first ``equal`` wire messages that has the same id and
     is of a kind for which equal means the same normalized message is reused, not normalized
-    again."""
-    return normalize(fmt, raw_messages, system=system, ids=ids, prior=prior)[0]
+    again (the prior parse must have counted attachments by the same ``media`` rules).
+    ``media``: how images and files are counted (default: the format's provider, 1024×1024
+    for an image by reference, 1500 tokens per file)."""
+    return normalize(fmt, raw_messages, system=system, ids=ids, prior=prior, media=media)[0]
 
 
 def normalize(
@@ -138,9 +158,11 @@ def normalize(
     system: Any = None,
     ids: list[str] | None = None,
     prior: Prior | None = None,
+    media: MediaRules | None = None,
 ) -> tuple[list[Message], Pairing]:
     """:func:`to_messages`, with the pairing its check ended with (for the next parse)."""
     ids = source_ids(raw_messages) if ids is None else ids
+    rules = media if media is not None else media_rules(fmt)
     module = _MODULES[fmt]
     start = _reusable_run(module, raw_messages, ids, prior)
     if prior is not None and start:
@@ -168,7 +190,7 @@ def normalize(
         ):
             normalized = reuse[index]
         else:
-            normalized = module.wire_message(index, raw, ids[index], names)
+            normalized = module.wire_message(index, raw, ids[index], names, rules)
         for message in normalized:
             if message.tool_calls:
                 names.update((c.id, c.name) for c in message.tool_calls)
@@ -241,14 +263,12 @@ def render(
     source: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Wire messages for ``messages`` (carried into a replacement). ``source``: the wire
-    messages their ``source_index`` points into; a format may copy what it cannot rebuild
-    (``responses`` copies unchanged items)."""
-    module = _MODULES[fmt]
-    rendered: list[dict[str, Any]]
-    if fmt == "responses":
-        rendered = module.render(messages, with_ids=with_ids, source=source)
-    else:
-        rendered = module.render(messages, with_ids=with_ids)
+    messages their ``source_index`` points into; every format copies from it what it cannot
+    rebuild: an unchanged message (or block, or item) as it was, images and all, and the
+    images and files of a changed user turn."""
+    rendered: list[dict[str, Any]] = _MODULES[fmt].render(
+        messages, with_ids=with_ids, source=source
+    )
     return rendered
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from worker import media
 from worker.errors import InvalidSnapshot
+from worker.media import Attachment, MediaRules
 from worker.models import Message, ToolCall
 
 _PLACEHOLDER_BLOCKS = {"image", "document", "redacted_thinking", "search_result"}
@@ -33,13 +35,19 @@ def reusable(raw: dict[str, Any]) -> bool:
     )
 
 
-def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
+def wire_message(
+    index: int,
+    raw: dict[str, Any],
+    mid: str,
+    names: dict[str, str],
+    rules: MediaRules | None = None,
+) -> list[Message]:
     """The internal messages of one wire message; ``names`` maps earlier call ids to tools."""
     role = raw.get("role")
     if role == "assistant":
         return [_assistant(index, raw, mid)]
     if role == "user":
-        return _user(index, raw, mid, names)
+        return _user(index, raw, mid, names, rules or MediaRules(provider="anthropic"))
     raise InvalidSnapshot(f"messages[{index}].role", f"unknown role {role!r}")
 
 
@@ -101,11 +109,16 @@ def _assistant(index: int, raw: dict[str, Any], mid: str) -> Message:
     )
 
 
-def _user(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
+def _user(
+    index: int, raw: dict[str, Any], mid: str, names: dict[str, str], rules: MediaRules
+) -> list[Message]:
+    """Tool results first (one message each, with the images of their content), then the
+    text, images and documents of the rest as one user message."""
     where = f"messages[{index}].content"
     out: list[Message] = []
     texts: list[str] = []
-    for k, block in enumerate(_blocks(raw, where)):
+    blocks = _blocks(raw, where)
+    for k, block in enumerate(blocks):
         kind, at = block["type"], f"{where}[{k}]"
         if kind == "tool_result":
             cid = _field(block, "tool_use_id", at, nonempty=True)
@@ -119,16 +132,52 @@ def _user(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> l
                     tool_call_id=cid,
                     tool_name=names.get(cid),
                     source_index=index,
+                    attachments=_attachments(body, rules),
                 )
             )
         elif kind == "text":
             texts.append(_field(block, "text", at))
         elif kind not in _PLACEHOLDER_BLOCKS:
             raise InvalidSnapshot(f"{at}.type", f"unexpected block type {kind!r} for user")
-    if texts or not out:
+    attachments = _attachments(blocks, rules)
+    if texts or attachments or not out:
         user_id = f"{mid}/t" if out else mid
-        out.append(Message(id=user_id, role="user", content="\n".join(texts), source_index=index))
+        out.append(
+            Message(
+                id=user_id,
+                role="user",
+                content="\n".join(texts),
+                source_index=index,
+                attachments=attachments,
+            )
+        )
     return out
+
+
+def _attachments(blocks: Any, rules: MediaRules) -> tuple[Attachment, ...]:
+    """The ``image`` and ``document`` blocks of checked blocks (a tool result's inside its
+    own)."""
+    if not isinstance(blocks, list):
+        return ()
+    out = []
+    for block in blocks:
+        kind = block.get("type")
+        source = block.get("source")
+        source = source if isinstance(source, dict) else {}
+        if kind == "image":
+            data = source.get("data") if source.get("type") == "base64" else None
+            media_type = source.get("media_type")
+            out.append(
+                media.image(
+                    rules,
+                    data=data if isinstance(data, str) else None,
+                    media_type=media_type if isinstance(media_type, str) else "",
+                )
+            )
+        elif kind == "document":
+            title = block.get("title") or source.get("media_type")
+            out.append(media.file(rules, title if isinstance(title, str) else "document"))
+    return tuple(out)
 
 
 def _field(block: dict[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
@@ -140,18 +189,31 @@ def _field(block: dict[str, Any], key: str, where: str, *, nonempty: bool = Fals
     return value
 
 
-def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
-    """Consecutive tool results share one user message, as the Messages API expects."""
+def render(
+    messages: list[Message], *, with_ids: bool, source: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Consecutive tool results share one user message, as the Messages API expects. With the
+    ``source`` wire messages, what a carried message did not change is copied from its source
+    (a tool result's block, images included; a user turn's blocks); a changed user turn keeps
+    the source's image and document blocks after its new text."""
     out: list[dict[str, Any]] = []
     for m in messages:
+        src = _source_blocks(m, source)
         if m.role == "tool":
-            block = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
+            block = _result_block(m, src)
             if out and out[-1]["role"] == "user" and out[-1].get("_results"):
                 out[-1]["content"].append(block)
                 continue
             out.append(_wire(m, "user", [block], with_ids) | {"_results": True})
             continue
         blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+        if m.role == "user" and src:
+            own = [b for b in src if b.get("type") != "tool_result"]
+            texts = [b for b in own if b.get("type") == "text"]
+            if "\n".join(str(b.get("text")) for b in texts) == m.content:
+                blocks = own  # unchanged: as it was
+            else:
+                blocks += [b for b in own if b.get("type") in _MEDIA_BLOCKS]
         blocks += [
             {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
             for c in m.tool_calls
@@ -161,6 +223,31 @@ def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
     for raw in out:
         raw.pop("_results", None)
     return out
+
+
+_MEDIA_BLOCKS = {"image", "document"}
+
+
+def _source_blocks(m: Message, source: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    if source is None or not 0 <= m.source_index < len(source):
+        return []
+    content = source[m.source_index].get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _result_block(m: Message, src: list[dict[str, Any]]) -> dict[str, Any]:
+    """The source's ``tool_result`` block when the result is unchanged, else a new one."""
+    for b in src:
+        if b.get("type") == "tool_result" and b.get("tool_use_id") == m.tool_call_id:
+            body = b.get("content", "")
+            try:
+                text = body if isinstance(body, str) else _texts(body, "content", allow=())
+            except InvalidSnapshot:
+                break
+            if text == m.content:
+                return dict(b)
+            break
+    return {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
 
 
 def _wire(m: Message, role: str, blocks: list[dict[str, Any]], with_ids: bool) -> dict[str, Any]:

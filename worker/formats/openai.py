@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker import media
 from worker.errors import InvalidSnapshot
+from worker.media import Attachment, MediaRules
 from worker.models import Message, ToolCall
 
 _ROLES = {
@@ -16,8 +18,10 @@ _ROLES = {
 }
 
 
-# Chat Completions content parts; only text and refusals carry text we count.
+# Chat Completions content parts; text and refusals carry text we count, images and files are
+# counted as attachments (worker.media), audio passes through uncounted.
 _PART_TYPES = {"text", "refusal", "image_url", "input_audio", "file"}
+_TEXT_PART_TYPES = {"text", "refusal"}
 
 
 def system_messages(system: Any) -> list[Message]:
@@ -33,17 +37,26 @@ def reusable(raw: dict[str, Any]) -> bool:
     return True
 
 
-def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
+def wire_message(
+    index: int,
+    raw: dict[str, Any],
+    mid: str,
+    names: dict[str, str],
+    rules: MediaRules | None = None,
+) -> list[Message]:
     """The internal message of one wire message; ``names`` maps earlier call ids to tools."""
-    return [_message(index, raw, mid, names)]
+    return [_message(index, raw, mid, names, rules or MediaRules())]
 
 
-def _message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:
+def _message(
+    index: int, raw: dict[str, Any], mid: str, names: dict[str, str], rules: MediaRules
+) -> Message:
     where = f"messages[{index}]"
     role = raw.get("role")
     if not isinstance(role, str) or role not in _ROLES:
         raise InvalidSnapshot(f"{where}.role", f"unknown role {role!r}")
     content = _text(raw.get("content"), f"{where}.content")
+    attachments = _attachments(raw.get("content"), rules)
     reasoning = raw.get("reasoning_content") or raw.get("reasoning") or ""
     if not isinstance(reasoning, str):
         raise InvalidSnapshot(f"{where}.reasoning_content", "must be a string")
@@ -64,7 +77,33 @@ def _message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -
         tool_call_id=call_id,
         tool_name=names.get(call_id or ""),
         source_index=index,
+        attachments=attachments,
     )
+
+
+def _attachments(content: Any, rules: MediaRules) -> tuple[Attachment, ...]:
+    """The images and files of checked content parts (``image_url`` and ``file``)."""
+    if not isinstance(content, list):
+        return ()
+    out = []
+    for part in content:
+        kind = part["type"]
+        if kind == "image_url":
+            spec = part.get("image_url")
+            url = spec.get("url") if isinstance(spec, dict) else spec
+            detail = spec.get("detail") if isinstance(spec, dict) else None
+            out.append(
+                media.url_image(rules, url if isinstance(url, str) else "", detail_of(detail))
+            )
+        elif kind == "file":
+            spec = part.get("file")
+            name = spec.get("filename") if isinstance(spec, dict) else None
+            out.append(media.file(rules, name if isinstance(name, str) else "file"))
+    return tuple(out)
+
+
+def detail_of(value: Any) -> str:
+    return value if value in ("low", "high", "auto") else "auto"
 
 
 def _text(content: Any, where: str) -> str:
@@ -113,12 +152,28 @@ def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
+def render(
+    messages: list[Message], *, with_ids: bool, source: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Wire messages for carried messages. One that is exactly what its source message
+    (``source[m.source_index]``) normalizes to is that message, copied (images and all); a
+    changed one (a stripped call or result, a shortened user turn) is written anew, keeping the
+    source's image, file and audio parts after its text."""
     out = []
     for m in messages:
+        src = _source(m, source)
+        if src is not None and _unchanged(m, src):
+            copied = dict(src)
+            if with_ids and "id" not in copied:
+                copied = {"id": m.id, **copied}
+            out.append(copied)
+            continue
         raw: dict[str, Any] = {"id": m.id} if with_ids else {}
         raw["role"] = m.role
         raw["content"] = m.content if (m.content or not m.tool_calls) else None
+        kept = _media_parts(src)
+        if kept and m.role != "tool":
+            raw["content"] = [{"type": "text", "text": m.content}, *kept]
         if m.tool_calls:
             raw["tool_calls"] = [
                 {
@@ -132,6 +187,31 @@ def render(messages: list[Message], *, with_ids: bool) -> list[dict[str, Any]]:
             raw["tool_call_id"] = m.tool_call_id
         out.append(raw)
     return out
+
+
+def _source(m: Message, source: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    if source is None or not 0 <= m.source_index < len(source):
+        return None
+    src = source[m.source_index]
+    return src if isinstance(src, dict) else None
+
+
+def _unchanged(m: Message, src: dict[str, Any]) -> bool:
+    """Whether ``m`` is exactly what ``src`` normalizes to (its attachments aside: they are
+    read from ``src`` itself)."""
+    names = {m.tool_call_id: m.tool_name} if m.tool_call_id and m.tool_name else {}
+    try:
+        fresh = _message(m.source_index, src, m.id, names, MediaRules())
+    except InvalidSnapshot:
+        return False
+    return fresh.model_copy(update={"attachments": m.attachments}) == m
+
+
+def _media_parts(src: dict[str, Any] | None) -> list[Any]:
+    content = src.get("content") if src is not None else None
+    if not isinstance(content, list):
+        return []
+    return [p for p in content if isinstance(p, dict) and p.get("type") not in _TEXT_PART_TYPES]
 
 
 def text_message(role: str, text: str, *, msg_id: str | None) -> dict[str, Any]:

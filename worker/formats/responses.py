@@ -4,7 +4,8 @@ Each wire item is one entry of ``messages`` and becomes one internal message:
 
 - ``message`` (or an item with a ``role`` and no ``type``: an easy input message): its role
   (``developer`` counts as ``system``), the text of its ``input_text``/``output_text``/``refusal``
-  parts (images, files and audio pass through, not read);
+  parts (images and files are counted as attachments, :mod:`worker.media`; audio is not; all
+  pass through);
 - ``reasoning``: an assistant message whose reasoning is the summary text (``encrypted_content``
   is opaque, not counted), marked ``joins_next`` so it is never separated from the call or
   message it produced;
@@ -14,7 +15,7 @@ Each wire item is one entry of ``messages`` and becomes one internal message:
   ``input``, or the canonical JSON of the rest of the item);
 - ``*_call_output`` with a ``call_id`` (a ``local_shell_call_output`` may name the call by its
   ``id``): the tool result; its text is a string ``output``, the text parts of a list, or the
-  canonical JSON of any other output (a computer screenshot is an image: not read);
+  canonical JSON of any other output (a computer screenshot is an image: an attachment);
 - any other item (``web_search_call``, ``file_search_call``, ``mcp_*``, ``item_reference``,
   ``image_generation_call``, ``code_interpreter_call``, types not invented yet): kept verbatim,
   counted as an assistant message whose content is the item's canonical JSON.
@@ -29,7 +30,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker import media
 from worker.errors import InvalidSnapshot
+from worker.media import Attachment, MediaRules
 from worker.models import Message, ToolCall, canonical_json, is_plain_json
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -98,29 +101,37 @@ def _reading(raw: dict[str, Any]) -> str | None:
     return "other"
 
 
-def wire_message(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> list[Message]:
+def wire_message(
+    index: int,
+    raw: dict[str, Any],
+    mid: str,
+    names: dict[str, str],
+    rules: MediaRules | None = None,
+) -> list[Message]:
     """The internal message of one item; ``names`` maps earlier call ids to tools."""
-    return [_item(index, raw, mid, names)]
+    return [_item(index, raw, mid, names, rules or MediaRules())]
 
 
-def _item(index: int, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:
+def _item(
+    index: int, raw: dict[str, Any], mid: str, names: dict[str, str], rules: MediaRules
+) -> Message:
     reading = _reading(raw)
     if reading is None:
         raise InvalidSnapshot(
             f"messages[{index}].type", "an item needs a string 'type' (or a 'role')"
         )
     if reading == "message":
-        return _message(index, raw, mid)
+        return _message(index, raw, mid, rules)
     if reading == "reasoning":
         return _reasoning(index, raw, mid)
     if reading == "call":
         return _call(index, raw["type"], raw, mid)
     if reading == "output":
-        return _output(index, raw["type"], raw, mid, names)
+        return _output(index, raw["type"], raw, mid, names, rules)
     return Message(id=mid, role="assistant", content=canonical_json(raw), source_index=index)
 
 
-def _message(index: int, raw: dict[str, Any], mid: str) -> Message:
+def _message(index: int, raw: dict[str, Any], mid: str, rules: MediaRules) -> Message:
     where = f"messages[{index}]"
     role = raw.get("role")
     if not isinstance(role, str) or role not in _ROLES:
@@ -132,12 +143,39 @@ def _message(index: int, raw: dict[str, Any], mid: str) -> Message:
         text = _parts_text(content, f"{where}.content")
     else:
         raise InvalidSnapshot(f"{where}.content", "must be a string or a list of content parts")
-    return Message(id=mid, role=_ROLES[role], content=text, source_index=index)
+    return Message(
+        id=mid,
+        role=_ROLES[role],
+        content=text,
+        source_index=index,
+        attachments=_attachments(content, rules),
+    )
+
+
+def _attachments(parts: Any, rules: MediaRules) -> tuple[Attachment, ...]:
+    """The images and files of checked content parts (``input_image``, ``input_file``, a
+    ``computer_screenshot``)."""
+    if isinstance(parts, dict):
+        parts = [parts]
+    if not isinstance(parts, list):
+        return ()
+    out = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_image", "computer_screenshot"):
+            url = part.get("image_url")
+            detail = part.get("detail")
+            detail = detail if detail in ("low", "high", "auto") else "auto"
+            out.append(media.url_image(rules, url if isinstance(url, str) else "", detail))
+        elif kind == "input_file":
+            name = part.get("filename")
+            out.append(media.file(rules, name if isinstance(name, str) else "file"))
+    return tuple(out)
 
 
 def _parts_text(parts: list[Any], where: str) -> str:
     """The text of content parts: text and refusals are read, images, files and audio are
-    passed through unread (not counted). The one place that knows part types."""
+    passed through (images and files are counted by :func:`_attachments`)."""
     texts = []
     for k, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -198,7 +236,14 @@ def _tool_name(call_kind: str) -> str:
     return _TOOL_NAMES.get(call_kind, call_kind.removesuffix("_call"))
 
 
-def _output(index: int, kind: str, raw: dict[str, Any], mid: str, names: dict[str, str]) -> Message:
+def _output(
+    index: int,
+    kind: str,
+    raw: dict[str, Any],
+    mid: str,
+    names: dict[str, str],
+    rules: MediaRules,
+) -> Message:
     where = f"messages[{index}]"
     call_id = _output_call_id(raw, where)
     output = raw.get("output")
@@ -219,6 +264,7 @@ def _output(index: int, kind: str, raw: dict[str, Any], mid: str, names: dict[st
         tool_call_id=call_id,
         tool_name=names.get(call_id),
         source_index=index,
+        attachments=_attachments(output, rules),
     )
 
 
@@ -278,10 +324,10 @@ def _source_item(
     src = source[m.source_index]
     names = {m.tool_call_id: m.tool_name} if m.tool_call_id and m.tool_name else {}
     try:
-        fresh = _item(m.source_index, src, m.id, names)
+        fresh = _item(m.source_index, src, m.id, names, MediaRules())
     except InvalidSnapshot:
         return None, False
-    return src, fresh == m
+    return src, fresh.model_copy(update={"attachments": m.attachments}) == m
 
 
 def _copy(src: dict[str, Any]) -> dict[str, Any]:
@@ -311,7 +357,13 @@ def _written(m: Message, src: dict[str, Any] | None) -> dict[str, Any]:
                     "input": call.arguments}  # fmt: skip
         return {"type": "function_call", "call_id": call.id, "name": call.name,
                 "arguments": call.arguments}  # fmt: skip
-    return text_message(m.role, m.content, msg_id=None)
+    written = text_message(m.role, m.content, msg_id=None)
+    parts = src.get("content") if src is not None else None
+    if isinstance(parts, list):  # a shortened turn keeps its images and files
+        written["content"] += [
+            p for p in parts if isinstance(p, dict) and p.get("type") in _OPAQUE_PARTS
+        ]
+    return written
 
 
 def text_message(role: str, text: str, *, msg_id: str | None) -> dict[str, Any]:

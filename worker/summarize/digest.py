@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 from worker.events import Summary
 from worker.facts import Facts, ToolAction, extract_facts, extract_paths
+from worker.media import placeholders
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
+from worker.summarize.llm_prompt import without_bytes
 from worker.tokens import count_tokens, cut_to_tokens
 
 MAX_ACTION_LINES = 40
@@ -42,6 +44,7 @@ class DigestSummarizer:
         sections = [
             _Section("Files touched", "\n".join(paths), 6),
             _Section("Errors seen", _errors(facts), 5),
+            _Section("Images and files", _attachments(request.messages), 5),
             _Section("Earlier user requests", _task(request.messages), 4),
             _Section("Latest state", _latest_state(request.messages), 3),
             _Section("Actions", _actions(facts), 2),
@@ -74,7 +77,7 @@ def _strip_marker(text: str) -> str:
 
 
 def _task(messages: list[Message]) -> str:
-    users = [m.content for m in messages if m.role == "user" and m.content.strip()]
+    users = [without_bytes(m.content) for m in messages if m.role == "user" and m.content.strip()]
     if not users:
         return ""
     first = users[0].strip()
@@ -82,10 +85,19 @@ def _task(messages: list[Message]) -> str:
     return first if latest == first else f"{first}\n\nLatest user message:\n{latest}"
 
 
+def _attachments(messages: list[Message]) -> str:
+    """Each image and file of the range, by placeholder and label (never its bytes)."""
+    lines = []
+    for m in messages:
+        for name, a in zip(placeholders(m.id, m.attachments), m.attachments, strict=True):
+            lines.append(f"- {name}: {a.label} (from the {m.role})")
+    return "\n".join(lines)
+
+
 def _latest_state(messages: list[Message]) -> str:
     for m in reversed(messages):
         if m.role == "assistant" and m.content.strip():
-            return m.content.strip()
+            return without_bytes(m.content).strip()
     return ""
 
 

@@ -10,8 +10,10 @@ Characters are Python ``str`` characters (code points).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
+from worker.media import placeholders
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER
 
@@ -42,6 +44,9 @@ Rules:
 - Quote file paths, commands, identifiers, URLs and error messages verbatim, in backticks. Never \
 paraphrase them.
 - Every item under <must-keep> must appear verbatim in your summary.
+- Images and files appear as placeholders such as `[image 1 in message m7]` (their content is \
+not shown): name each one under "Artifacts and files touched", with what the conversation says \
+about it.
 - Artifacts and files touched: list every file path mentioned, with what happened to it.
 - Errors and outcomes: each error with how it was resolved, or that it is still open.
 - Delegated work: each sub-task handed to another agent or tool, and its result.
@@ -96,22 +101,43 @@ def merge_task(*, updating: bool) -> str:
 
 # --- rendering -----------------------------------------------------------------------------
 
+# Inline bytes in text (a data URL, a long base64 run: an image in a tool's output, an item kept
+# as JSON) are never sent to a summarizer: they tell it nothing and cost its whole budget.
+# (A run is only tried where it starts, so the scan stays linear.)
+_INLINE_BYTES = re.compile(
+    r"data:[\w.+/-]*;base64,[A-Za-z0-9+/=]+|(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{1000,}={0,2}"
+)
+
+
+def without_bytes(text: str) -> str:
+    """``text`` with each data URL and base64 run of 1000+ characters replaced by a marker
+    naming its size."""
+    if len(text) < 1000 and "base64," not in text:
+        return text
+    return _INLINE_BYTES.sub(lambda m: f"[{len(m.group(0))} characters of base64 omitted]", text)
+
 
 def render_message(message: Message) -> str:
     """One message as plain text: role, text, tool calls (name, id, arguments), tool results.
 
     Reasoning (thinking) blocks are left out: they are the model's scratch work, often larger
-    than everything else, and the decisions they led to show in the text and the calls.
+    than everything else, and the decisions they led to show in the text and the calls. Images
+    and files are never sent: a placeholder names each (``[image 1 in message m7]``), and inline
+    base64 in the text (:func:`without_bytes`) is left out.
     """
+    named = "\n".join(placeholders(message.id, message.attachments))
     if message.role == "tool":
         name = message.tool_name or "tool"
         head = f"[tool result {name} id={message.tool_call_id or '?'}]"
-        return f"{head}\n{message.content}"
+        return "\n".join(part for part in (head, without_bytes(message.content), named) if part)
     lines = [f"[{message.role}]"]
     if message.content:
-        lines.append(message.content)
+        lines.append(without_bytes(message.content))
+    if named:
+        lines.append(named)
     for call in message.tool_calls:
-        lines.append(f"[tool call {call.name} id={call.id}] {call.arguments}".rstrip())
+        args = without_bytes(call.arguments)
+        lines.append(f"[tool call {call.name} id={call.id}] {args}".rstrip())
     return "\n".join(lines)
 
 
