@@ -160,22 +160,23 @@ def test_runner_gets_compacted_history_and_sqlite_keeps_everything(cluster: Any)
         model.session = session
         try:
             firsts: list[int] = []  # index in model.inputs of each run's first call
-            compacted_at: int | None = None
+            compacted_at: int | None = None  # the run whose get_items applied a compaction
+            applied = 0
             for run in range(RUNS):
                 firsts.append(len(model.inputs))
                 result = await Runner.run(agent, f"Task {run}: fix module {run}.", session=session)
                 assert result.final_output.startswith("Done")
                 if compacted_at is None and session.compacting.compactions:
-                    compacted_at = run
+                    compacted_at, applied = run, len(session.compacting.compactions)
                 elif compacted_at is not None and run > compacted_at + 1:
                     break
             assert compacted_at is not None, session.compacting.status
             assert session.compacting.status.compactions_skipped == 0
 
-            # the run after the compaction arrived started from the compacted history
-            first = model.inputs[firsts[compacted_at + 1]]
+            # the first model call of that run was given the compacted history
+            first = model.inputs[firsts[compacted_at]]
             full = await store.get_items()
-            compaction = session.compacting.compactions[0].compaction
+            compaction = session.compacting.compactions[applied - 1].compaction
             assert compaction.start == 0
             summary = chat_to_items(compaction.replacement)
             assert any(
@@ -183,7 +184,7 @@ def test_runner_gets_compacted_history_and_sqlite_keeps_everything(cluster: Any)
             )
             assert first[: len(summary)] == summary
             assert next(i for i in full if i.get("type") == "function_call") not in first
-            for inputs in model.inputs[firsts[compacted_at + 1] :]:
+            for inputs in model.inputs[firsts[compacted_at] :]:
                 assert_pairs_intact(inputs)
 
             # the wrapped session still holds every item of every run, as the SDK stored them
