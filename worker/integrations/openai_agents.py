@@ -16,6 +16,7 @@ service never separates a call from the turn that made it; each output is a tool
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Iterable
@@ -48,7 +49,9 @@ class CompactingAgentSession:
 
     ``inner`` keeps every item; this session submits them to the compaction service as the
     conversation ``conversation_id`` (default: ``inner.session_id``) and answers ``get_items``
-    with the history as compacted so far. ``options`` go to
+    with the history as compacted so far. Its background work runs on threads (a
+    :class:`worker.session.CompactingSession`), so it serves any event loop: ``Runner.run``,
+    ``Runner.run_sync``, one ``asyncio.run`` after another. ``options`` go to
     :class:`worker.session.CompactingSession` (``model``, ``context_window``, ``config``,
     ``tools``, ...). Call :meth:`close` (or use ``async with``) when done."""
 
@@ -92,7 +95,8 @@ class CompactingAgentSession:
         items = chat_to_items(self.compacting.request_messages())
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
-        return items  # type: ignore[return-value]
+        fresh: list[Any] = copy.deepcopy(items)  # the session's own are shared: never hand them out
+        return fresh
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         await self._load()
