@@ -124,6 +124,16 @@ def read_file(path: str) -> str:
     return " ".join(f"{path}:{i}" for i in range(120))
 
 
+def unattributed(message: Message) -> dict[str, Any]:
+    """The message as a dict, without the per-run ``_attribution`` of the provider that loaded
+    it."""
+    whole = message.to_dict()
+    whole["additional_properties"] = {
+        k: v for k, v in whole.get("additional_properties", {}).items() if k != "_attribution"
+    }
+    return whole
+
+
 def assert_pairs_intact(messages: Sequence[Message]) -> None:
     calls = [c.call_id for m in messages for c in m.contents if c.type == "function_call"]
     results = [c.call_id for m in messages for c in m.contents if c.type == "function_result"]
@@ -183,7 +193,9 @@ def test_agent_gets_compacted_history_and_history_provider_keeps_everything(
             assert compaction.start == 0
             summary = from_openai(compaction.replacement)
             assert any(m.text.startswith(SUMMARY) for m in summary)
-            assert [m.to_dict() for m in first[: len(summary)]] == [m.to_dict() for m in summary]
+            assert [unattributed(m) for m in first[: len(summary)]] == [
+                unattributed(m) for m in summary
+            ]
             calls = [c.call_id for m in stored for c in m.contents if c.type == "function_call"]
             sent = {c.call_id for m in first for c in m.contents if c.type == "function_call"}
             assert calls[0] not in sent
@@ -248,3 +260,49 @@ def test_conversion_round_trips_messages() -> None:
     shortened = from_openai(chat)[3].contents
     assert all(isinstance(c, Content) for c in shortened)
     assert (shortened[0].call_id, shortened[0].result) == ("c1", "alpha (shortened)")
+
+
+def test_existing_history_is_submitted_and_a_cleared_one_starts_again(cluster: Any) -> None:
+    async def run() -> None:
+        chat = ScriptedClient()
+        history = InMemoryHistoryProvider()
+        compactor = CompactingContextProvider(
+            client=cluster.client, conversation_prefix="af-seed-", model="gpt-4.1"
+        )
+        agent = Agent(
+            client=chat, name="coder", tools=[read_file], context_providers=[history, compactor]
+        )
+        session = agent.create_session()
+        chat.compacting = lambda: compactor.compacting_session(session)
+        earlier = [
+            Message("user", ["Earlier question."]),
+            Message("assistant", ["Earlier answer."]),
+        ]
+        session.state[history.source_id] = {"messages": list(earlier)}
+        try:
+            await agent.run("Now this.", session=session)
+            stored: list[Message] = session.state[history.source_id]["messages"]
+            assert len(stored) == 6
+            compacting = compactor.compacting_session(session)
+            assert compacting.messages == to_openai(stored)  # what was there, then the run's
+            assert [m.text for m in chat.requests[0]] == [
+                "Earlier question.",
+                "Earlier answer.",
+                "Now this.",
+            ]
+
+            sent = chat.requests[0]
+            assert all(
+                m.additional_properties["_attribution"]["source_id"] == "in_memory"
+                for m in sent[:2]
+            )
+
+            session.state[history.source_id] = {"messages": []}  # the user cleared it
+            await agent.run("Fresh start.", session=session)
+            stored = session.state[history.source_id]["messages"]
+            assert len(stored) == 4
+            assert compacting.messages == to_openai(stored)
+        finally:
+            compactor.close()
+
+    asyncio.run(run())

@@ -11,10 +11,11 @@ Redis or a worker: compaction happens in the background, between runs.
 Messages are converted to Chat Completions messages (``format="openai"``): text and images
 (``data``/``uri`` contents) as content parts, ``text_reasoning`` as ``reasoning_content``,
 function calls as ``tool_calls`` and each function result as a ``tool`` message. What the
-format has no field for (the message's role, author, id and properties, each content's other
-fields, contents of other types) rides along under :data:`EXTRA_KEY`, so
-:func:`from_openai` gives back the same messages; a tool result the projection shortened comes
-back shortened. A message's function results come back after its other contents.
+format has no field for (the message's role, author, id and properties except the per-run
+``_attribution``, each content's other fields, contents of other types) rides along under
+:data:`EXTRA_KEY`, so :func:`from_openai` gives back the same messages; a tool result the
+projection shortened comes back shortened. A message's function results come back after its
+other contents.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = ["EXTRA_KEY", "CompactingContextProvider", "from_openai", "to_openai"]
 log = logging.getLogger(__name__)
 
 EXTRA_KEY = "x_agent_framework"
+_ATTRIBUTION = "_attribution"  # which provider loaded a message: per run, not submitted
 _ROLES = {"system", "user", "assistant", "tool"}
 
 
@@ -95,9 +97,13 @@ class CompactingContextProvider(ContextProvider):
         entry[1] = len(history)
         if not history:
             return
-        context.context_messages[self.history_source_id] = from_openai(
-            compacting.request_messages()
-        )
+        compacted = from_openai(compacting.request_messages())
+        attribution = history[0].additional_properties.get(_ATTRIBUTION) or {
+            "source_id": self.history_source_id
+        }
+        for message in compacted:  # attributed to the history provider, as loaded
+            message.additional_properties.setdefault(_ATTRIBUTION, dict(attribution))
+        context.context_messages[self.history_source_id] = compacted
 
     async def after_run(
         self, *, agent: Any, session: Any, context: Any, state: dict[str, Any]
@@ -133,6 +139,9 @@ def to_openai(messages: Iterable[Message]) -> list[dict[str, Any]]:
 def _message_to_openai(message: Message) -> list[dict[str, Any]]:
     whole = _json(message.to_dict())
     meta = {k: v for k, v in whole.items() if k not in ("type", "contents")}
+    properties = meta.get("additional_properties")
+    if isinstance(properties, dict) and _ATTRIBUTION in properties:
+        meta["additional_properties"] = {k: v for k, v in properties.items() if k != _ATTRIBUTION}
     parts: list[dict[str, Any]] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
