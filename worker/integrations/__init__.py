@@ -1,5 +1,12 @@
-"""Adapters for agent frameworks (optional extras): docs/integrations.md.
+"""Adapters for agent frameworks (optional extras; each module imports its framework, so
+import the one you use).
 
-Each module imports its framework at import time, so import the one you use:
-``worker.integrations.langchain`` needs the ``langchain`` extra.
+- :mod:`worker.integrations.langchain`: LangChain's ``create_agent`` middleware and LangGraph's
+  ``pre_model_hook`` (``pip install 'compaction-worker[langchain]'``);
+- :mod:`worker.integrations.openai_agents`: a session for the OpenAI Agents SDK
+  (``pip install 'compaction-worker[openai-agents]'``);
+- :mod:`worker.integrations.agent_framework`: a context provider for Microsoft Agent Framework
+  (``pip install 'compaction-worker[agent-framework]'``).
+
+docs/integrations.md shows the few lines each takes.
 """

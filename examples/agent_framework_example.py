@@ -1,0 +1,116 @@
+"""Microsoft Agent Framework with CompactingContextProvider, offline: an embedded Redis and
+workers (as ``make demo`` starts them), a scripted chat client instead of an LLM, the
+framework's InMemoryHistoryProvider as the history store.
+
+    .venv/bin/pip install -e '.[agent-framework]'
+    .venv/bin/python examples/agent_framework_example.py
+
+Each run prints how many messages the model was sent and how many the history provider
+holds: the first stays bounded once compactions land, the second keeps growing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agent_framework import (
+    Agent,
+    BaseChatClient,
+    ChatResponse,
+    Content,
+    FunctionInvocationLayer,
+    InMemoryHistoryProvider,
+    Message,
+    tool,
+)
+
+from worker.cli_service import running_services, wait_for_workers
+from worker.client import Client
+from worker.config import load_settings, with_redis_url
+from worker.integrations.agent_framework import CompactingContextProvider
+
+
+class ScriptedClient(FunctionInvocationLayer[Any], BaseChatClient[Any]):
+    """Reads one file per run, then answers; records the size of each request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    async def _answer(self, messages: Sequence[Message]) -> ChatResponse[Any]:
+        self.sizes.append(len(messages))
+        n = len(self.sizes)
+        if any(c.type == "function_result" for c in messages[-1].contents):
+            return ChatResponse(messages=[Message("assistant", [f"Fixed ({n})."])])
+        call = Content.from_function_call(
+            call_id=f"call{n}", name="read_file", arguments=json.dumps({"path": f"src/m{n}.py"})
+        )
+        return ChatResponse(messages=[Message("assistant", [call])])
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Any, **kwargs: Any
+    ) -> Any:
+        return self._answer(messages)
+
+
+@tool
+def read_file(path: str) -> str:
+    """Read a file."""
+    return "\n".join(
+        f"{path}:{i}: def handler_{i}(request): return limits.check(request)" for i in range(40)
+    )
+
+
+async def main(client: Client) -> None:
+    chat = ScriptedClient()
+    history = InMemoryHistoryProvider()  # the full history, as the framework keeps it
+    compactor = CompactingContextProvider(
+        client=client, history_source_id=history.source_id, model="gpt-4.1", context_window=4000
+    )
+    agent = Agent(
+        client=chat,
+        name="coder",
+        instructions="You fix code.",
+        tools=[read_file],
+        context_providers=[history, compactor],  # where CompactionProvider would go
+    )
+    session = agent.create_session()
+    try:
+        for run in range(10):
+            await agent.run(f"Fix module {run}.", session=session)
+            stored = len(session.state[history.source_id]["messages"])
+            print(f"run {run}: model sent {chat.sizes[-2]:3} messages; history holds {stored:3}")
+            compacting = compactor.compacting_session(session)
+            deadline = time.monotonic() + 30  # a real model takes this long anyway
+            while time.monotonic() < deadline:
+                s = compacting.status
+                done, answered = s.last_submitted_revision, s.last_outcome_revision
+                if not s.pending_submits and (
+                    done is None or (answered is not None and answered >= done)
+                ):
+                    break
+                await asyncio.sleep(0.05)
+        print(f"compactions applied: {len(compactor.compacting_session(session).compactions)}")
+    finally:
+        compactor.close()
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory(prefix="compactor-example-") as tmp:
+        config = Path(tmp) / "compactor.toml"
+        config.write_text(f'[compaction]\ntranscript_dir = "{tmp}/transcripts"\n')
+        settings = load_settings(config, environ={})
+        with running_services(settings, str(config), workdir=Path(tmp) / "up") as url:
+            if not wait_for_workers(url, settings, expected=2, timeout_s=60):
+                raise SystemExit("workers did not start")
+            client = Client(with_redis_url(settings, url))
+            try:
+                asyncio.run(main(client))
+            finally:
+                client.close()

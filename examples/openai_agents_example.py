@@ -1,0 +1,122 @@
+"""The OpenAI Agents SDK with CompactingAgentSession, offline: an embedded Redis and workers
+(as ``make demo`` starts them), a scripted model instead of an LLM, a SQLiteSession as the
+history store.
+
+    .venv/bin/pip install -e '.[openai-agents]'
+    .venv/bin/python examples/openai_agents_example.py
+
+Each run prints how many items the model was given and how many the SQLiteSession holds: the
+first stays bounded once compactions land, the second keeps growing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
+from agents.items import ModelResponse
+from agents.models.interface import Model
+from agents.usage import Usage
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+from worker.cli_service import running_services, wait_for_workers
+from worker.client import Client
+from worker.config import load_settings, with_redis_url
+from worker.integrations.openai_agents import CompactingAgentSession
+
+
+class ScriptedModel(Model):
+    """Reads one file per run, then answers; records the size of each input."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    async def get_response(self, system_instructions: Any, input: Any, *a: Any, **k: Any) -> Any:
+        items = [input] if isinstance(input, str) else list(input)
+        self.sizes.append(len(items))
+        n = len(self.sizes)
+        if items[-1].get("type") == "function_call_output":
+            text = ResponseOutputText(type="output_text", text=f"Fixed ({n}).", annotations=[])
+            out: list[Any] = [
+                ResponseOutputMessage(
+                    id=f"msg{n}",
+                    type="message",
+                    role="assistant",
+                    status="completed",
+                    content=[text],
+                )
+            ]
+        else:
+            args = json.dumps({"path": f"src/module_{n}.py"})
+            out = [
+                ResponseFunctionToolCall(
+                    id=f"fc{n}",
+                    call_id=f"call{n}",
+                    type="function_call",
+                    name="read_file",
+                    arguments=args,
+                )
+            ]
+        return ModelResponse(output=out, usage=Usage(), response_id=None)
+
+    def stream_response(self, *a: Any, **k: Any) -> Any:
+        raise NotImplementedError
+
+
+@function_tool
+def read_file(path: str) -> str:
+    """Read a file."""
+    return "\n".join(
+        f"{path}:{i}: def handler_{i}(request): return limits.check(request)" for i in range(40)
+    )
+
+
+async def main(client: Client) -> None:
+    set_tracing_disabled(True)
+    model = ScriptedModel()
+    agent = Agent(name="coder", instructions="You fix code.", model=model, tools=[read_file])
+    store = SQLiteSession("example-agents")  # the full history, as the SDK keeps it
+    session = CompactingAgentSession(store, client=client, model="gpt-4.1", context_window=4000)
+    try:
+        for run in range(10):
+            await Runner.run(agent, f"Fix module {run}.", session=session)
+            stored = len(await store.get_items())
+            print(
+                f"run {run}: model given {model.sizes[-2]:3} items; SQLiteSession holds {stored:3}"
+            )
+            deadline = time.monotonic() + 30  # a real model takes this long anyway
+            while time.monotonic() < deadline:
+                s = session.compacting.status
+                done, answered = s.last_submitted_revision, s.last_outcome_revision
+                if not s.pending_submits and (
+                    done is None or (answered is not None and answered >= done)
+                ):
+                    break
+                await asyncio.sleep(0.05)
+        print(f"compactions applied: {len(session.compacting.compactions)}")
+    finally:
+        session.close()
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory(prefix="compactor-example-") as tmp:
+        config = Path(tmp) / "compactor.toml"
+        config.write_text(f'[compaction]\ntranscript_dir = "{tmp}/transcripts"\n')
+        settings = load_settings(config, environ={})
+        with running_services(settings, str(config), workdir=Path(tmp) / "up") as url:
+            if not wait_for_workers(url, settings, expected=2, timeout_s=60):
+                raise SystemExit("workers did not start")
+            client = Client(with_redis_url(settings, url))
+            try:
+                asyncio.run(main(client))
+            finally:
+                client.close()
