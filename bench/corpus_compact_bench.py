@@ -25,7 +25,7 @@ from corpus import ROOT, conversations
 
 from worker.config import Settings
 from worker.events import CompletedEvent
-from worker.facts import argument_strings, extract_paths
+from worker.files import call_file_uses
 from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
 from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
@@ -42,11 +42,16 @@ def with_small_window(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def compacted_paths(messages: list[dict[str, Any]], start: int, end: int) -> set[str]:
+    """The files the compacted calls used (``worker.files``: what the digest lists)."""
+    outputs = {
+        m.get("tool_call_id"): m.get("content") or "" for m in messages if m["role"] == "tool"
+    }
     paths: set[str] = set()
     for m in messages[start:end]:
         for call in m.get("tool_calls") or []:
-            for text in argument_strings(call["function"]["arguments"]):
-                paths.update(extract_paths(text))
+            fn = call["function"]
+            uses = call_file_uses(fn["name"], fn["arguments"], outputs.get(call["id"], ""))
+            paths.update(p for p, _ in uses)
     return paths
 
 
