@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.events import Fidelity, Summary
@@ -105,8 +106,11 @@ def is_conclusion(text: str) -> bool:
     return not (_INTENT.match(text) and len(text) < 400 and text.count(". ") < 2)
 
 
-def extract_must_keep(messages: list[Message], delegation_tools: list[str]) -> list[Fact]:
-    """The must-keep facts of a range (oldest message first), most important kind first."""
+def extract_must_keep(
+    messages: list[Message], delegation_tools: list[str], carried: Sequence[Message] = ()
+) -> list[Fact]:
+    """The must-keep facts of a range, most important kind first: ``messages`` are the ones
+    summarized, ``carried`` the ones the replacement keeps (both oldest first)."""
     facts: list[Fact] = []
     seen: set[tuple[str, tuple[str, ...]]] = set()
 
@@ -116,14 +120,23 @@ def extract_must_keep(messages: list[Message], delegation_tools: list[str]) -> l
             seen.add((kind, clean))
             facts.append(Fact(kind, clean, line))
 
+    summarized = messages
+    messages = sorted([*messages, *carried], key=lambda m: m.source_index) if carried else messages
     users = [m for m in messages if m.role == "user" and m.content.strip()]
     for k, m in enumerate(users):
         text = m.content.strip()
         kind = "task" if k == 0 else "instruction"
         add(kind, [_probe(text)], f"{kind}: {_cut(text, LINE_CHARS)}")
 
-    extracted = extract_facts(messages)
-    for record in extracted.files:
+    extracted = extract_facts(summarized)  # the very list the digest saw: computed once
+    records = list(extracted.files)
+    actions = list(extracted.actions)
+    if any(m.tool_calls for m in carried):  # tool exchanges a hint keeps
+        more = extract_facts(list(carried))
+        known = {r.path for r in records}
+        records.extend(r for r in more.files if r.path not in known)
+        actions.extend(more.actions)
+    for record in records:
         changed = any(k in CHANGE_KINDS for k in record.kinds)
         add(
             "file_changed" if changed else "file_read",
@@ -131,14 +144,15 @@ def extract_must_keep(messages: list[Message], delegation_tools: list[str]) -> l
             f"`{record.path}` ({', '.join(record.kinds)})",
         )
 
-    failing = extracted.failing[-MAX_FAILED:]
+    failing = [a for a in actions if a.failed][-MAX_FAILED:]
     for action in failing:
+        head = action.key_argument.split(maxsplit=2)[:2]
         later_ok = any(
             a.index > action.index
             and a.tool == action.tool
             and not a.failed
-            and a.key_argument.split(maxsplit=2)[:2] == action.key_argument.split(maxsplit=2)[:2]
-            for a in extracted.actions
+            and a.key_argument.split(maxsplit=2)[:2] == head
+            for a in actions
         )
         error = f": {_cut(action.error_lines[0], 100)}" if action.error_lines else ""
         outcome = "fixed later" if later_ok else "not fixed in range"
@@ -166,7 +180,7 @@ def extract_must_keep(messages: list[Message], delegation_tools: list[str]) -> l
 
     results = {m.tool_call_id: m.content for m in messages if m.role == "tool"}
     delegated = set(delegation_tools)
-    for action in extracted.actions:
+    for action in actions:
         if action.tool in delegated:
             result = results.get(action.call_id, "")
             probes = [_probe(action.key_argument), _probe(result)]
@@ -191,23 +205,30 @@ def _identifiers(messages: list[Message]) -> list[str]:
         for text in texts:
             if not text:
                 continue
-            for match in _URL.finditer(text):
-                found.setdefault(match.group(0), None)
-            for match in _UUID.finditer(text):
-                found.setdefault(match.group(0), None)
-            if "commit" in text or "git " in text:
+            # Each pattern only where its anchor occurs: the texts can be whole scripts.
+            if "://" in text:
+                for match in _URL.finditer(text):
+                    found.setdefault(match.group(0), None)
+            if text.count("-") >= 4:
+                for match in _UUID.finditer(text):
+                    found.setdefault(match.group(0), None)
+            git = "git " in text
+            if git or "commit" in text:
                 for match in _HEX.finditer(text):
                     word = match.group(0)
                     if any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
                         found.setdefault(word, None)
-            for match in _TEST_NODE.finditer(text):
-                found.setdefault(match.group(0), None)
-            for match in _TEST_K.finditer(text.replace("\\n", "\n").replace('\\"', '"')):
-                for name in match.group(1).split():
-                    if name.startswith("test"):
-                        found.setdefault(name, None)
-            for match in _BRANCH.finditer(text):
-                found.setdefault(match.group(1), None)
+            if ".py::" in text:
+                for match in _TEST_NODE.finditer(text):
+                    found.setdefault(match.group(0), None)
+            if "-k " in text:
+                for match in _TEST_K.finditer(text.replace("\\n", "\n").replace('\\"', '"')):
+                    for name in match.group(1).split():
+                        if name.startswith("test"):
+                            found.setdefault(name, None)
+            if git:
+                for match in _BRANCH.finditer(text):
+                    found.setdefault(match.group(1), None)
     return list(found)
 
 

@@ -542,10 +542,9 @@ def _must_keep_facts(
     """The range's must-keep facts (summarized and carried messages, in order) and the text of
     the carried messages they may be found in."""
     plan = prepared.plan
-    messages = sorted([*plan.to_summarize, *plan.carried], key=lambda m: m.source_index)
-    return fidelity.extract_must_keep(messages, delegation_tools), fidelity.carried_text(
-        plan.carried
-    )
+    request = prepared.request  # its messages: the very objects the digest and _must_keep saw
+    facts = fidelity.extract_must_keep(request.messages, delegation_tools, plan.carried)
+    return facts, fidelity.carried_text(plan.carried)
 
 
 def build_compaction(
