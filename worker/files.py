@@ -326,7 +326,8 @@ def shell_file_uses(command: str, output: str = "") -> list[tuple[str, FileKind]
     An operand of a program this module does not know counts (as ``used``) only when it has a
     directory separator or a file extension and the call's ``output`` shows it."""
     parse = _parse_cached if len(command) <= _CACHED_COMMAND_CHARS else _parse
-    return [(p, k) for p, k in parse(command) if k != "used" or p.rstrip("/") in output]
+    shown = output[:SHOWN_CHARS]
+    return [(p, k) for p, k in parse(command) if k != "used" or p.rstrip("/") in shown]
 
 
 _CACHED_COMMAND_CHARS = 4000
@@ -472,11 +473,17 @@ def _git_uses(args: list[str]) -> list[tuple[str, FileKind]]:
     return [(w, kind) for w in rest if plausible_path(w, strict=True) and ".." not in w]
 
 
-def _reported_missing(path: str, output: str) -> bool:
-    """The call's output says ``path`` does not exist."""
-    if not output or path not in output:
-        return False
-    return any(path in line and _MISSING.search(line) for line in output.splitlines())
+_MISSING_WORDS = ("No such file", "cannot", "can't", "does not exist", "not found")
+SHOWN_CHARS = 200_000  # how much of an output is searched for a path it shows or says missing
+MAX_MISSING_LINES = 500
+
+
+def _missing_lines(output: str) -> list[str]:
+    """The lines of an output that say something does not exist (searched once a call)."""
+    head = output[:SHOWN_CHARS]
+    if not any(word in head for word in _MISSING_WORDS):
+        return []
+    return [line for line in head.splitlines() if _MISSING.search(line)][:MAX_MISSING_LINES]
 
 
 def _call_arguments(arguments: str) -> Any:
@@ -511,6 +518,7 @@ def call_file_uses(tool: str, arguments: str, output: str) -> list[tuple[str, Fi
     reports missing (and none when the shell refused the command)."""
     if _SYNTAX_ERROR.search(output[:2000]):
         return []
+    missing = _missing_lines(output)
     value = _call_arguments(arguments)
     raw: list[tuple[str, FileKind]] = []
     if isinstance(value, dict):
@@ -540,7 +548,7 @@ def call_file_uses(tool: str, arguments: str, output: str) -> list[tuple[str, Fi
     for path, kind in raw:
         if not plausible_path(path):
             continue
-        if kind != "created" and _reported_missing(path, output):
+        if kind != "created" and any(path in line for line in missing):
             continue
         normal = normalize_path(path)
         if normal and plausible_path(normal):
