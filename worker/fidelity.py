@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.events import Fidelity, Summary
-from worker.facts import extract_facts
+from worker.facts import argument_strings, extract_facts
 from worker.files import CHANGE_KINDS
 from worker.models import Message
 from worker.tokens import count_tokens, cut_to_tokens
@@ -201,7 +201,7 @@ def _identifiers(messages: list[Message]) -> list[str]:
     for m in messages:
         if m.role != "assistant":
             continue
-        texts = [m.content, *(c.arguments for c in m.tool_calls)]
+        texts = [m.content, *(t for c in m.tool_calls for t in argument_strings(c.arguments))]
         for text in texts:
             if not text:
                 continue
@@ -222,7 +222,7 @@ def _identifiers(messages: list[Message]) -> list[str]:
                 for match in _TEST_NODE.finditer(text):
                     found.setdefault(match.group(0), None)
             if "-k " in text:
-                for match in _TEST_K.finditer(text.replace("\\n", "\n").replace('\\"', '"')):
+                for match in _TEST_K.finditer(text):
                     for name in match.group(1).split():
                         if name.startswith("test"):
                             found.setdefault(name, None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from worker.events import Summary
 from worker.facts import Facts, ToolAction, extract_facts, extract_paths
+from worker.fidelity import is_conclusion, strip_thought
 from worker.files import CHANGE_KINDS
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
@@ -113,21 +114,23 @@ def _strip_marker(text: str) -> str:
 
 
 def _task(messages: list[Message]) -> str:
-    users = [m.content for m in messages if m.role == "user" and m.content.strip()]
+    """The task as the user first stated it, every later instruction or correction (each once,
+    shortened), and the latest user message whole."""
+    users = list(dict.fromkeys(m.content.strip() for m in messages if m.role == "user"))
+    users = [u for u in users if u]
     if not users:
         return ""
-    first = users[0].strip()
-    latest = users[-1].strip()
-    return first if latest == first else f"{first}\n\nLatest user message:\n{latest}"
+    first, later = users[0], users[1:]
+    if not later:
+        return first
+    lines = [first]
+    if len(later) > 1:
+        lines.append("\nLater user messages:")
+        lines.extend(f"- {_cut(_one_line(u, 10**6), 300)}" for u in later[:-1])
+    lines.append(f"\nLatest user message:\n{later[-1]}")
+    return "\n".join(lines)
 
 
-_INTENT = re.compile(
-    r"^(?:THOUGHT:\s*)?(?:now,?\s+|next,?\s+|first,?\s+|ok(?:ay)?,?\s+)?"
-    r"(?:I'll|I will|I'm going to|I am going to|I need to|I should|I want to|let me|let's|"
-    r"lets|I'd like to)\b",
-    re.IGNORECASE,
-)
-_BOILERPLATE = re.compile(r"^(?:THOUGHT:\s*)", re.IGNORECASE)
 MAX_STATE_CHARS = 1200
 
 
@@ -135,12 +138,12 @@ def _latest_state(messages: list[Message], facts: Facts | None = None) -> str:
     """The agent's last substantive conclusion (not a mere "let me look at X"), the result of
     the last call, and the open next step when the agent said one after its conclusion."""
     texts = [
-        (i, _BOILERPLATE.sub("", m.content.strip()).strip())
+        (i, strip_thought(m.content))
         for i, m in enumerate(messages)
         if m.role == "assistant" and m.content.strip()
     ]
     texts = [(i, t) for i, t in texts if t]
-    conclusion = next(((i, t) for i, t in reversed(texts) if _substantive(t)), None)
+    conclusion = next(((i, t) for i, t in reversed(texts) if is_conclusion(t)), None)
     if conclusion is None and texts:
         conclusion = texts[-1]
     lines = []
@@ -156,13 +159,6 @@ def _latest_state(messages: list[Message], facts: Facts | None = None) -> str:
     if texts and conclusion is not None and texts[-1][0] > conclusion[0]:
         lines.append(f"Next step: {_one_line(texts[-1][1], 300)}")
     return "\n".join(lines)
-
-
-def _substantive(text: str) -> bool:
-    """A conclusion or a result, not only an announcement of the next look."""
-    if len(text) < 40:
-        return False
-    return not (_INTENT.match(text) and len(text) < 400 and text.count(". ") < 2)
 
 
 def _cut(text: str, limit: int) -> str:
