@@ -27,6 +27,7 @@ from worker.events import Fidelity, Summary
 from worker.facts import argument_strings, extract_facts
 from worker.files import CHANGE_KINDS
 from worker.models import Message
+from worker.summarize import SUMMARY_MARKER
 from worker.tokens import count_tokens, cut_to_tokens
 
 KEPT_FACTS_HEADING = "## Kept facts"
@@ -275,6 +276,13 @@ def _append_fitting(
     return (_with_facts(body, lines) if lines else body), added
 
 
+def _standing(facts: list[Fact], lost: list[Fact]) -> tuple[int, ...]:
+    """How many facts of each kind are present, most important kind first: an outcome with a
+    greater tuple keeps more of what matters most."""
+    present = Counter(f.kind for f in facts) - Counter(f.kind for f in lost)
+    return tuple(present[kind] for kind in KINDS)
+
+
 def ensure(
     summary: Summary,
     facts: list[Fact],
@@ -287,6 +295,7 @@ def ensure(
     ``fidelity``."""
     text = summary.text
     missing = missing_facts(facts, text, carried)
+    score = 1 - len(missing) / len(facts) if facts else 1.0
     kept = len(facts) - len(missing)
     truncated = summary.truncated
     added: list[Fact] = []
@@ -298,11 +307,12 @@ def ensure(
             wanted = _with_facts("", [f.line for f in missing])
             room = min(count_tokens(wanted, model) + 8, limit // 2)
             body, cut = cut_to_tokens(summary.text, max(limit - room, 0), model)
-            if cut:
+            if cut and body.startswith(SUMMARY_MARKER):
                 body = body.rstrip() + "\n…"
                 again = missing_facts(facts, body, carried)
                 candidate, more = _append_fitting(body, again, limit, model)
-                if len(facts) - len(again) + len(more) > kept + len(added):
+                before = _standing(facts, [f for f in missing if f not in added])
+                if _standing(facts, [f for f in again if f not in more]) > before:
                     text, missing, added, truncated = candidate, again, more, True
                     kept = len(facts) - len(again)
     dropped = Counter(f.kind for f in missing if f not in added)
@@ -311,9 +321,7 @@ def ensure(
         kept=kept,
         repaired=len(added),
         dropped=dict(sorted(dropped.items(), key=lambda kv: KINDS.index(kv[0]))),
-        score=round(1 - len(missing_facts(facts, summary.text, carried)) / len(facts), 4)
-        if facts
-        else 1.0,
+        score=round(score, 4),
     )
     return summary.model_copy(
         update={
