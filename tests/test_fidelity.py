@@ -196,3 +196,17 @@ def test_every_corpus_compaction_carries_fidelity_and_keeps_what_fits() -> None:
             assert fidelity.checked == len(facts), name
             lost = missing_facts(facts, summary.text, carried)
             assert len(lost) == sum(fidelity.dropped.values()), (name, fidelity, lost[:3])
+
+
+def test_a_summary_filling_the_bound_is_cut_to_make_room_for_the_most_important_facts(
+    tmp_path: Path,
+) -> None:
+    wordy = ForgetfulLLM(" ".join(f"word{n}" for n in range(600)))
+    event = _run(
+        _conversation(), tmp_path, llm=wordy, mode="remote_only", summary_max_output_tokens=300
+    )
+    summary = event.compaction.summary
+    assert summary.tokens <= 300
+    assert summary.truncated and summary.text.startswith(SUMMARY_MARKER)
+    assert "## Kept facts\n- task: Make the parser accept trailing commas" in summary.text
+    assert summary.fidelity.repaired > 0 and "task" not in summary.fidelity.dropped
