@@ -25,7 +25,9 @@ from corpus import ROOT, conversations
 
 from worker.config import Settings
 from worker.events import CompletedEvent
-from worker.facts import argument_strings, extract_paths
+from worker.fidelity import carried_text, extract_must_keep, missing_facts
+from worker.files import call_file_uses
+from worker.formats import to_messages
 from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
 from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
@@ -42,11 +44,16 @@ def with_small_window(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def compacted_paths(messages: list[dict[str, Any]], start: int, end: int) -> set[str]:
+    """The files the compacted calls used (``worker.files``: what the digest lists)."""
+    outputs = {
+        m.get("tool_call_id"): m.get("content") or "" for m in messages if m["role"] == "tool"
+    }
     paths: set[str] = set()
     for m in messages[start:end]:
         for call in m.get("tool_calls") or []:
-            for text in argument_strings(call["function"]["arguments"]):
-                paths.update(extract_paths(text))
+            fn = call["function"]
+            uses = call_file_uses(fn["name"], fn["arguments"], outputs.get(call["id"], ""))
+            paths.update(p for p, _ in uses)
     return paths
 
 
@@ -64,6 +71,21 @@ def run_one(snapshot: dict[str, Any], root: Path) -> dict[str, Any]:
     if not isinstance(event, CompletedEvent):
         return row
     c = event.compaction
+    # The fact extraction and check alone, timed apart (they also run inside the pipeline).
+    ranged = to_messages("openai", snapshot["messages"][c.start : c.end])
+    carried = carried_text(to_messages("openai", c.replacement[:-1]))
+    t1 = time.perf_counter()
+    facts = extract_must_keep(ranged, ["delegate_task", "task", "agent"])
+    missing_facts(facts, c.summary.text, carried)
+    row["facts_seconds"] = time.perf_counter() - t1
+    fidelity = c.summary.fidelity
+    if fidelity is not None:
+        row.update(
+            checked=fidelity.checked,
+            kept=fidelity.kept,
+            repaired=fidelity.repaired,
+            dropped=sum(fidelity.dropped.values()),
+        )
     paths = compacted_paths(snapshot["messages"], c.start, c.end)
     kept_text = c.summary.text + json.dumps(c.replacement[:-1], ensure_ascii=False)
     row.update(
@@ -129,6 +151,21 @@ def main() -> int:
         f"in-process pipeline per conversation (ms): p50 {pct(secs, 50):.0f}, "
         f"p95 {pct(secs, 95):.0f}, max {max(secs):.0f}"
     )
+    facts = [r["facts_seconds"] * 1000 for r in done if "facts_seconds" in r]
+    if facts:
+        print(
+            f"must-keep facts, extraction + check per conversation (ms): p50 {pct(facts, 50):.1f}, "
+            f"p95 {pct(facts, 95):.1f}, max {max(facts):.1f}"
+        )
+        totals = {
+            k: sum(r.get(k, 0) for r in done) for k in ("checked", "kept", "repaired", "dropped")
+        }
+        with_fidelity = sum("checked" in r for r in done)
+        print(
+            f"summary.fidelity in {with_fidelity}/{len(done)} events; facts checked "
+            f"{totals['checked']}, kept {totals['kept']}, repaired {totals['repaired']}, "
+            f"dropped {totals['dropped']}"
+        )
     if cli:
         wall = [t * 1000 for t, _ in cli]
         codes = sorted({c for _, c in cli})

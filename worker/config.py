@@ -67,6 +67,7 @@ class CompactionConfig(_Strict):
     max_persisted_transcripts: int | None = Field(default=10, ge=1)
     # --- extensions ---
     delegation_tools: list[str] = Field(default_factory=lambda: ["delegate_task", "task", "agent"])
+    min_summary_fidelity: float = Field(default=0.5, ge=0.0, le=1.0)
     compress_tool_results: bool = True
     compress_min_tokens: int = Field(default=200, ge=0)
     compress_min_saving: float = Field(default=0.15, ge=0.0, lt=1.0)

@@ -58,6 +58,19 @@ class Trigger(_Published):
     usage_ignored: str | None = None
 
 
+class Fidelity(_Published):
+    """How the summary was checked against the range's must-keep facts (docs/summaries.md):
+    ``checked`` facts, ``kept`` (present in the summary or the carried messages as written),
+    ``repaired`` (added to its "Kept facts" section), ``dropped`` (that did not fit the output
+    bound: a count per kind, never their content), ``score`` (kept / checked before repair)."""
+
+    checked: int = 0
+    kept: int = 0
+    repaired: int = 0
+    dropped: dict[str, int] = Field(default_factory=dict)
+    score: float = 1.0
+
+
 class Summary(_Published):
     """The summary that replaces the compacted range (``source``: the LLM or the digest)."""
 
@@ -67,6 +80,7 @@ class Summary(_Published):
     truncated: bool = False
     fallback_reason: str | None = None
     chunks: int = 1
+    fidelity: Fidelity | None = None  # None only in events of versions before it existed
 
 
 class TranscriptRef(_Published):

@@ -1,17 +1,20 @@
 """Facts taken deterministically from a range of messages: files, commands, errors.
 
 Both summarizers use them: the digest prints them, and the LLM prompt passes them as must-keep
-items and checks the answer for them. Extraction is regex-based and conservative: a "path" has a
-directory separator or a file extension, so prose like "e.g." does not count.
+items and checks the answer for them. Files come from :mod:`worker.files` (what the tool calls
+used as files, by position). :func:`extract_paths` is the older, looser regex over free text (a
+"path" has a directory separator or a file extension), kept for reading earlier summaries.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.files import FileKind, FileRecord, call_file_uses
 from worker.models import Message
 
 _PATH = re.compile(
@@ -56,12 +59,22 @@ class ToolAction:
     key_argument: str  # the command, path or query that identifies the call
     failed: bool = False
     error_lines: list[str] = field(default_factory=list)
+    files: list[tuple[str, FileKind]] = field(default_factory=list)  # normalized, with the use
+
+    @property
+    def changes(self) -> list[tuple[str, FileKind]]:
+        return [(p, k) for p, k in self.files if k in ("created", "edited", "deleted")]
 
 
 @dataclass
 class Facts:
-    paths: list[str] = field(default_factory=list)  # in first-seen order, unique
+    files: list[FileRecord] = field(default_factory=list)  # in first-use order, one a path
     actions: list[ToolAction] = field(default_factory=list)
+
+    @property
+    def paths(self) -> list[str]:
+        """The files used, normalized, in first-use order."""
+        return [r.path for r in self.files]
 
     @property
     def failing(self) -> list[ToolAction]:
@@ -170,19 +183,50 @@ def _failed(output: str, errors: list[str]) -> bool:
     return bool(errors)
 
 
+class _Last(threading.local):
+    messages: tuple[Message, ...] = ()
+    facts: Facts | None = None
+
+
+_LAST = _Last()
+
+
 def extract_facts(messages: list[Message]) -> Facts:
-    """Paths from tool-call arguments (and earlier summaries), and each call with its outcome."""
+    """The files the tool calls used (see :mod:`worker.files`), and each call with its outcome.
+
+    One compaction asks for the facts of the same messages several times (the must-keep items,
+    the digest, the fidelity check): the last answer of this thread is reused when the messages
+    are the very same objects. Callers must not modify the result."""
+    last = _LAST.facts
+    if (
+        last is not None
+        and len(_LAST.messages) == len(messages)
+        and all(a is b for a, b in zip(_LAST.messages, messages, strict=True))
+    ):
+        return last
+    facts = _extract_facts(messages)
+    _LAST.messages, _LAST.facts = tuple(messages), facts
+    return facts
+
+
+def _extract_facts(messages: list[Message]) -> Facts:
     facts = Facts()
-    seen_paths: dict[str, None] = {}
+    records: dict[str, FileRecord] = {}
     results = {m.tool_call_id: m for m in messages if m.role == "tool"}
     for index, m in enumerate(messages):
         for call in m.tool_calls:
-            for text in argument_strings(call.arguments):
-                for path in extract_paths(text):
-                    seen_paths.setdefault(path, None)
             result = results.get(call.id)
             output = result.content if result is not None else ""
             errors = error_lines(output)
+            used = call_file_uses(call.name, call.arguments, output)
+            for path, kind in used:
+                record = records.get(path)
+                if record is None:
+                    record = records[path] = FileRecord(path=path, first_index=index)
+                if kind not in record.kinds:
+                    record.kinds.append(kind)
+                if kind in ("created", "edited", "deleted"):
+                    record.last_change = index
             facts.actions.append(
                 ToolAction(
                     index=index,
@@ -191,7 +235,8 @@ def extract_facts(messages: list[Message]) -> Facts:
                     key_argument=key_argument(call.arguments),
                     failed=result is not None and _failed(output, errors),
                     error_lines=errors,
+                    files=used,
                 )
             )
-    facts.paths = list(seen_paths)
+    facts.files = list(records.values())
     return facts

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from worker import formats
+from worker import fidelity, formats
 from worker.cache import ContentCache
 from worker.compaction import (
     RangePlan,
@@ -590,23 +590,54 @@ def _must_keep(messages: list[Message]) -> list[str]:
 
 
 def summarize(prepared: PreparedCompaction, settings: Settings, adapters: Adapters) -> Summary:
-    """The summary per ``mode``; raises CompactorError when ``remote_only`` cannot get one."""
-    mode = settings.compaction.mode
-    if mode == "local_only" or (adapters.llm is None and mode == "prefer_remote"):
-        reason = None if mode == "local_only" else "no LLM configured"
+    """The summary per ``mode``, checked against the range's must-keep facts and repaired
+    (``summary.fidelity``); raises CompactorError when ``remote_only`` cannot get one."""
+    config = settings.compaction
+    mode = config.mode
+    facts, carried = _must_keep_facts(prepared, config.delegation_tools)
+
+    def checked(summary: Summary) -> Summary:
+        request = prepared.request
+        limit = request.max_output_tokens
+        if summary.source == "llm":  # never longer than what it replaces, as llm.py enforces
+            limit = min(limit, request.source_tokens)
+        return fidelity.ensure(summary, facts, carried, limit=limit, model=request.model)
+
+    def digest(reason: str | None) -> Summary:
         summary = adapters.digest.summarize(prepared.request)
-        return summary.model_copy(update={"fallback_reason": reason}) if reason else summary
+        summary = summary.model_copy(update={"fallback_reason": reason}) if reason else summary
+        return checked(summary)
+
+    if mode == "local_only" or (adapters.llm is None and mode == "prefer_remote"):
+        return digest(None if mode == "local_only" else "no LLM configured")
     if adapters.llm is None:
         raise CompactorError(
             "remote_only mode needs an LLM; none is configured", code="llm_not_configured"
         )
     try:
-        return adapters.llm.summarize(prepared.request)
+        summary = adapters.llm.summarize(prepared.request)
     except CompactorError as exc:
         if mode == "remote_only":
             raise
-        fallback = adapters.digest.summarize(prepared.request)
-        return fallback.model_copy(update={"fallback_reason": f"{exc.code}: {exc.message}"})
+        return digest(f"{exc.code}: {exc.message}")
+    score = fidelity.score(facts, summary.text, carried)
+    if mode == "prefer_remote" and score < config.min_summary_fidelity:
+        return digest(
+            f"summary_fidelity: the LLM summary kept {score:.0%} of the must-keep facts, "
+            f"below min_summary_fidelity {config.min_summary_fidelity:g}"
+        )
+    return checked(summary)
+
+
+def _must_keep_facts(
+    prepared: PreparedCompaction, delegation_tools: list[str]
+) -> tuple[list[fidelity.Fact], str]:
+    """The range's must-keep facts (summarized and carried messages, in order) and the text of
+    the carried messages they may be found in."""
+    plan = prepared.plan
+    request = prepared.request  # its messages: the very objects the digest and _must_keep saw
+    facts = fidelity.extract_must_keep(request.messages, delegation_tools, plan.carried)
+    return facts, fidelity.carried_text(plan.carried)
 
 
 def build_compaction(

@@ -8,11 +8,14 @@ of importance: paths and errors are the last to be cut.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 
 from worker.events import Summary
 from worker.facts import Facts, ToolAction, extract_facts, extract_paths
+from worker.fidelity import is_conclusion, strip_thought
+from worker.files import CHANGE_KINDS
 from worker.media import placeholders
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
@@ -36,17 +39,17 @@ class DigestSummarizer:
 
     def summarize(self, request: SummaryRequest) -> Summary:
         facts = extract_facts(request.messages)
-        paths = _accumulated_paths(facts, request.previous_summary)
+        files = _accumulated_files(facts, request.previous_summary)
         header = (
             f"{SUMMARY_MARKER}\nOffline digest of {len(request.messages)} earlier messages "
             f"({len(facts.actions)} tool calls), revision {request.revision}."
         )
         sections = [
-            _Section("Files touched", "\n".join(paths), 6),
+            _Section("Files touched", render_files(files), 6),
             _Section("Errors seen", _errors(facts), 5),
             _Section("Images and files", _attachments(request.messages), 5),
             _Section("Earlier user requests", _task(request.messages), 4),
-            _Section("Latest state", _latest_state(request.messages), 3),
+            _Section("Latest state", _latest_state(request.messages, facts), 3),
             _Section("Actions", _actions(facts), 2),
             _Section("Earlier summary", _strip_marker(request.previous_summary or ""), 1),
         ]
@@ -59,10 +62,47 @@ class DigestSummarizer:
         )
 
 
-def _accumulated_paths(facts: Facts, previous: str | None) -> list[str]:
-    """Files from earlier summaries stay listed: facts accumulate across compactions."""
-    earlier = extract_paths(_section_of(previous or "", "Files touched"))
-    return list(dict.fromkeys([*earlier, *facts.paths]))
+def _accumulated_files(facts: Facts, previous: str | None) -> list[tuple[str, list[str]]]:
+    """(path, kinds): files from earlier summaries stay listed, facts accumulate across
+    compactions; a path used again adds its new kinds."""
+    files: dict[str, list[str]] = {}
+    for path, kinds in parse_files(_section_of(previous or "", "Files touched")):
+        files.setdefault(path, []).extend(k for k in kinds if k not in files.get(path, []))
+    for record in facts.files:
+        known = files.setdefault(record.path, [])
+        known.extend(k for k in record.kinds if k not in known)
+    return list(files.items())
+
+
+def render_files(files: list[tuple[str, list[str]]]) -> str:
+    """Changed files first (with how), then the ones only read, listed or run."""
+    changed = [(p, k) for p, k in files if any(x in CHANGE_KINDS for x in k)]
+    looked = [(p, k) for p, k in files if not any(x in CHANGE_KINDS for x in k)]
+    lines = []
+    if changed:
+        lines.append("Changed:")
+        lines.extend(f"- `{p}` ({', '.join(k)})" for p, k in changed)
+    if looked:
+        lines.append("Read, listed or run:")
+        lines.extend(f"- `{p}` ({', '.join(k)})" if k else f"- `{p}`" for p, k in looked)
+    return "\n".join(lines)
+
+
+_FILE_LINE = re.compile(r"^- `([^`]+)`(?: \(([a-z, ]+)\))?$")
+
+
+def parse_files(section: str) -> list[tuple[str, list[str]]]:
+    """The (path, kinds) of a "Files touched" section; a line of an older digest is a bare path."""
+    out: list[tuple[str, list[str]]] = []
+    for line in section.splitlines():
+        line = line.strip()
+        match = _FILE_LINE.match(line)
+        if match:
+            kinds = [k.strip() for k in (match.group(2) or "").split(",") if k.strip()]
+            out.append((match.group(1), kinds))
+        elif line and not line.endswith(":") and line != "…":
+            out.extend((p, []) for p in extract_paths(line))
+    return out
 
 
 def _section_of(text: str, title: str) -> str:
@@ -77,12 +117,23 @@ def _strip_marker(text: str) -> str:
 
 
 def _task(messages: list[Message]) -> str:
-    users = [without_bytes(m.content) for m in messages if m.role == "user" and m.content.strip()]
+    """The task as the user first stated it, every later instruction or correction (each once,
+    shortened), and the latest user message whole."""
+    users = list(
+        dict.fromkeys(without_bytes(m.content).strip() for m in messages if m.role == "user")
+    )
+    users = [u for u in users if u]
     if not users:
         return ""
-    first = users[0].strip()
-    latest = users[-1].strip()
-    return first if latest == first else f"{first}\n\nLatest user message:\n{latest}"
+    first, later = users[0], users[1:]
+    if not later:
+        return first
+    lines = [first]
+    if len(later) > 1:
+        lines.append("\nLater user messages:")
+        lines.extend(f"- {_cut(_one_line(u, 10**6), 300)}" for u in later[:-1])
+    lines.append(f"\nLatest user message:\n{later[-1]}")
+    return "\n".join(lines)
 
 
 def _attachments(messages: list[Message]) -> str:
@@ -94,11 +145,38 @@ def _attachments(messages: list[Message]) -> str:
     return "\n".join(lines)
 
 
-def _latest_state(messages: list[Message]) -> str:
-    for m in reversed(messages):
-        if m.role == "assistant" and m.content.strip():
-            return without_bytes(m.content).strip()
-    return ""
+MAX_STATE_CHARS = 1200
+
+
+def _latest_state(messages: list[Message], facts: Facts | None = None) -> str:
+    """The agent's last substantive conclusion (not a mere "let me look at X"), the result of
+    the last call, and the open next step when the agent said one after its conclusion."""
+    texts = [
+        (i, strip_thought(without_bytes(m.content)))
+        for i, m in enumerate(messages)
+        if m.role == "assistant" and m.content.strip()
+    ]
+    texts = [(i, t) for i, t in texts if t]
+    conclusion = next(((i, t) for i, t in reversed(texts) if is_conclusion(t)), None)
+    if conclusion is None and texts:
+        conclusion = texts[-1]
+    lines = []
+    if conclusion is not None:
+        lines.append(_cut(conclusion[1], MAX_STATE_CHARS))
+    if facts is not None and facts.actions:
+        last = facts.actions[-1]
+        outcome = "failed" if last.failed else "ok"
+        detail = f": {last.error_lines[0]}" if last.failed and last.error_lines else ""
+        lines.append(
+            f"Last call: {last.tool} `{_one_line(last.key_argument, 120)}` -> {outcome}{detail}"
+        )
+    if texts and conclusion is not None and texts[-1][0] > conclusion[0]:
+        lines.append(f"Next step: {_one_line(texts[-1][1], 300)}")
+    return "\n".join(lines)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _one_line(text: str, limit: int = ARGUMENT_CHARS) -> str:
@@ -107,16 +185,31 @@ def _one_line(text: str, limit: int = ARGUMENT_CHARS) -> str:
 
 
 def _actions(facts: Facts) -> str:
+    """What changed (each change with its files) before what was only looked at or run."""
     counts = Counter(a.tool for a in facts.actions)
     lines = [", ".join(f"{tool} ×{n}" for tool, n in counts.most_common())]
-    shown = facts.actions
-    if len(shown) > MAX_ACTION_LINES:  # first few for context, most for the recent work
-        head = MAX_ACTION_LINES // 4
-        shown = [*shown[:head], *shown[-(MAX_ACTION_LINES - head) :]]
-    for a in shown:
-        status = " (failed)" if a.failed else ""
-        lines.append(f"- {a.tool}: `{_one_line(a.key_argument)}`{status}")
+    changes = [a for a in facts.actions if a.changes]
+    others = [a for a in facts.actions if not a.changes]
+    if changes:
+        lines.append("Changes:")
+        for a in _capped(changes, MAX_ACTION_LINES // 2):
+            what = ", ".join(f"{k} `{p}`" for p, k in a.changes)
+            status = " (failed)" if a.failed else ""
+            lines.append(f"- {what}: {a.tool} `{_one_line(a.key_argument, 100)}`{status}")
+    if others:
+        lines.append("Looked at or ran:")
+        for a in _capped(others, MAX_ACTION_LINES - min(len(changes), MAX_ACTION_LINES // 2)):
+            status = " (failed)" if a.failed else ""
+            lines.append(f"- {a.tool}: `{_one_line(a.key_argument)}`{status}")
     return "\n".join(lines)
+
+
+def _capped(actions: list[ToolAction], limit: int) -> list[ToolAction]:
+    """The first few for context, most of the room for the recent work."""
+    if len(actions) <= limit:
+        return actions
+    head = limit // 4
+    return [*actions[:head], *actions[-(limit - head) :]]
 
 
 def _errors(facts: Facts) -> str:

@@ -1,0 +1,74 @@
+"""CPU time of ``Pipeline.run`` per corpus conversation (the minimum of N repetitions), p50 and
+p95: steadier than wall time on a shared machine. Runs the ``worker`` package first on
+``sys.path``, so an older tree can be measured with the same script:
+
+    .venv/bin/python bench/pipeline_cpu_bench.py 3
+    git archive REV | tar -x -C /tmp/old && cd /tmp/old && \\
+        PYTHONPATH=/tmp/old /path/to/.venv/bin/python /path/to/bench/pipeline_cpu_bench.py 3
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from corpus import conversations
+
+import worker
+from worker.config import Settings
+from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
+from worker.reuse import Reuse
+from worker.snapshots import parse_snapshot
+from worker.transcripts import TranscriptStore
+
+MIN_THRESHOLD = 4000
+
+
+def with_small_window(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """As bench/corpus_compact_bench.py (repeated here so that older trees run this too)."""
+    parsed = parse_snapshot(snapshot, Settings())
+    tokens = evaluate(parsed, tokenizer_of(parsed, Reuse())).projected_tokens
+    threshold = max(tokens // 2, MIN_THRESHOLD)
+    return {**snapshot, "model": {**snapshot["model"], "context_window": threshold * 4 // 3 + 1}}
+
+
+def _clear_parse_cache() -> None:
+    try:
+        import worker.files as files
+    except ImportError:  # a tree before issue 14
+        return
+    files._parse_cached.cache_clear()  # a first evaluation: no command parsed before
+
+
+def main() -> int:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    snaps = [with_small_window(s) for _, s in conversations()]
+    cpu = [float("inf")] * len(snaps)
+    wall = [float("inf")] * len(snaps)
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeats):
+            for i, snap in enumerate(snaps):
+                _clear_parse_cache()
+                pipeline = Pipeline(Settings(), Adapters(store=TranscriptStore(Path(tmp))), Reuse())
+                c0, w0 = time.process_time(), time.perf_counter()
+                pipeline.run(pipeline.parse(snap))
+                cpu[i] = min(cpu[i], time.process_time() - c0)
+                wall[i] = min(wall[i], time.perf_counter() - w0)
+
+    def q(values: list[float], k: int) -> float:
+        return statistics.quantiles(values, n=100)[k - 1] * 1000
+
+    print(
+        f"{worker.__file__}: cpu p50 {q(cpu, 50):.1f} p95 {q(cpu, 95):.1f} ms; "
+        f"wall p50 {q(wall, 50):.1f} p95 {q(wall, 95):.1f} ms"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Must-keep facts (issue 14 §1): extracted before summarizing, checked after, repaired within
+the output bound, published as ``summary.fidelity``; prefer_remote falls back on a poor LLM
+summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from histories import snapshot
+
+from worker.config import Settings
+from worker.events import CompletedEvent, Summary
+from worker.fidelity import KINDS, carried_text, extract_must_keep, missing_facts
+from worker.formats import to_messages
+from worker.pipeline import Adapters, Pipeline
+from worker.snapshots import parse_snapshot
+from worker.summarize import SUMMARY_MARKER, SummaryRequest
+from worker.tokens import count_tokens
+from worker.transcripts import TranscriptStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from corpus import conversations, corpus_dir
+
+
+class ForgetfulLLM:
+    """An LLM that keeps nothing: every fact must come from the repair."""
+
+    def __init__(self, text: str = "The agent worked on the code.") -> None:
+        self.text = text
+
+    def summarize(self, request: SummaryRequest) -> Summary:
+        text = f"{SUMMARY_MARKER}\n{self.text}"
+        return Summary(text=text, tokens=count_tokens(text, request.model), source="llm")
+
+
+def _call(k: int, tool: str, args: dict[str, Any], text: str = "") -> dict[str, Any]:
+    return {
+        "id": f"a{k}",
+        "role": "assistant",
+        "content": text,
+        "tool_calls": [
+            {
+                "id": f"c{k}",
+                "type": "function",
+                "function": {"name": tool, "arguments": json.dumps(args)},
+            }
+        ],
+    }
+
+
+def _result(k: int, content: str) -> dict[str, Any]:
+    return {"id": f"r{k}", "role": "tool", "tool_call_id": f"c{k}", "content": content}
+
+
+def _conversation() -> list[dict[str, Any]]:
+    filler = " ".join(f"line{n}" for n in range(400))
+    return [
+        {"id": "s", "role": "system", "content": "You are a coding agent."},
+        {"id": "u1", "role": "user", "content": "Make the parser accept trailing commas in lists."},
+        _call(1, "bash", {"command": "cat src/parser.py"}, "Let me read the parser."),
+        _result(1, f"<returncode>0</returncode>\n<output>\n{filler}\n</output>"),
+        _call(2, "bash", {"command": "pytest tests/test_parser.py::test_trailing_comma"}),
+        _result(2, "<returncode>1</returncode>\n<output>\nE   AssertionError: boom\n</output>"),
+        {"id": "u2", "role": "user", "content": "Do not touch the lexer, only the parser please."},
+        _call(
+            3, "bash", {"command": "sed -i 's/a/b/' src/parser.py && git checkout -b fix-commas"}
+        ),
+        _result(3, "<returncode>0</returncode>\n<output>\n</output>"),
+        _call(
+            4,
+            "delegate_task",
+            {"task": "Review the parser change for edge cases"},
+            "See https://example.com/issues/42 and commit 1a2b3c4d for context.",
+        ),
+        _result(4, "Reviewed: nested lists with trailing commas also work now."),
+        _call(
+            5,
+            "bash",
+            {"command": "pytest tests/test_parser.py"},
+            "The fix works: trailing commas are accepted, and the parser tests pass again.",
+        ),
+        _result(5, f"<returncode>0</returncode>\n<output>\n{filler}\n</output>"),
+        {"id": "a6", "role": "assistant", "content": "Next I will update the changelog."},
+        {"id": "u3", "role": "user", "content": "thanks"},
+        {"id": "a7", "role": "assistant", "content": "ok"},
+    ]
+
+
+def _run(messages: list[dict[str, Any]], root: Path, llm: Any = None, **config: Any) -> Any:
+    snap = snapshot(messages, threshold=800)
+    snap["config"].update({"preserve_recent_user_tokens": 0, **config})
+    parsed = parse_snapshot(snap, Settings())
+    return Pipeline(parsed.settings, Adapters(store=TranscriptStore(root), llm=llm)).run(parsed)[-1]
+
+
+def _facts_and_carried(
+    event: CompletedEvent, messages: list[dict[str, Any]]
+) -> tuple[list[Any], str]:
+    c = event.compaction
+    ranged = to_messages("openai", messages[c.start : c.end])
+    facts = extract_must_keep(ranged, ["delegate_task", "task", "agent"])
+    carried = carried_text(to_messages("openai", c.replacement[:-1]))
+    return facts, carried
+
+
+def test_every_kind_is_extracted() -> None:
+    messages = to_messages("openai", _conversation()[1:-2])
+    kinds = {f.kind for f in extract_must_keep(messages, ["delegate_task"])}
+    assert kinds == set(KINDS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_after_repair_every_fact_of_each_kind_is_kept(kind: str, tmp_path: Path) -> None:
+    messages = _conversation()
+    event = _run(messages, tmp_path, llm=ForgetfulLLM(), mode="remote_only")
+    assert isinstance(event, CompletedEvent)
+    summary = event.compaction.summary
+    facts, carried = _facts_and_carried(event, messages)
+    of_kind = [f for f in facts if f.kind == kind]
+    assert of_kind, kind
+    assert missing_facts(of_kind, summary.text, carried) == []
+    assert summary.fidelity is not None and summary.fidelity.repaired > 0
+    assert summary.fidelity.dropped == {}
+    assert summary.tokens <= 2000 and summary.tokens == count_tokens(summary.text, "gpt-4.1")
+
+
+def test_a_tight_bound_drops_the_least_important_facts_first(tmp_path: Path) -> None:
+    messages = _conversation()
+    event = _run(
+        messages, tmp_path, llm=ForgetfulLLM(), mode="remote_only", summary_max_output_tokens=90
+    )
+    summary = event.compaction.summary
+    fidelity = summary.fidelity
+    assert summary.tokens <= 90
+    assert fidelity.dropped, "the bound is too tight to keep everything"
+    assert "task" not in fidelity.dropped
+    assert fidelity.kept + fidelity.repaired + sum(fidelity.dropped.values()) == fidelity.checked
+    worst = max(KINDS.index(k) for k in fidelity.dropped)
+    facts, carried = _facts_and_carried(event, messages)
+    lost = missing_facts(facts, summary.text, carried)
+    # Only facts as or less important than a dropped kind are missing... and the kept ones fit.
+    assert all(KINDS.index(f.kind) <= worst for f in lost)
+    assert "task" not in {f.kind for f in lost}
+
+
+def test_prefer_remote_uses_the_digest_when_the_llm_summary_scores_too_low(tmp_path: Path) -> None:
+    messages = _conversation()
+    event = _run(messages, tmp_path, llm=ForgetfulLLM(), mode="prefer_remote")
+    summary = event.compaction.summary
+    assert summary.source == "digest"
+    assert summary.fallback_reason is not None
+    assert summary.fallback_reason.startswith("summary_fidelity")
+    kept = _run(
+        messages, tmp_path / "2", llm=ForgetfulLLM(), mode="prefer_remote", min_summary_fidelity=0
+    )
+    assert kept.compaction.summary.source == "llm"
+
+
+def test_the_digest_is_checked_too(tmp_path: Path) -> None:
+    event = _run(_conversation(), tmp_path)
+    fidelity = event.compaction.summary.fidelity
+    assert event.compaction.summary.source == "digest"
+    assert fidelity is not None and fidelity.checked > 0 and fidelity.score > 0.5
+
+
+@pytest.mark.corpus
+@pytest.mark.skipif(corpus_dir() is None, reason="corpus absent: set COMPACTOR_CORPUS_DIR")
+def test_every_corpus_compaction_carries_fidelity_and_keeps_what_fits() -> None:
+    from corpus_compact_bench import with_small_window
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (name, snap) in enumerate(conversations()):
+            small = with_small_window(snap)
+            llm = ForgetfulLLM() if k % 2 else None  # half through the repair of a poor summary
+            parsed = parse_snapshot(small, Settings())
+            settings = parsed.settings.model_copy(
+                update={
+                    "compaction": parsed.settings.compaction.model_copy(
+                        update={"mode": "remote_only" if llm else "local_only"}
+                    )
+                }
+            )
+            pipeline = Pipeline(settings, Adapters(store=TranscriptStore(Path(tmp)), llm=llm))
+            event = pipeline.run(parsed)[-1]
+            assert isinstance(event, CompletedEvent), name
+            summary = event.compaction.summary
+            fidelity = summary.fidelity
+            assert fidelity is not None, name
+            assert summary.tokens <= settings.compaction.summary_max_output_tokens
+            facts, carried = _facts_and_carried(event, small["messages"])
+            assert fidelity.checked == len(facts), name
+            lost = missing_facts(facts, summary.text, carried)
+            assert len(lost) == sum(fidelity.dropped.values()), (name, fidelity, lost[:3])
+
+
+def test_a_summary_filling_the_bound_is_cut_to_make_room_for_the_most_important_facts(
+    tmp_path: Path,
+) -> None:
+    wordy = ForgetfulLLM(" ".join(f"word{n}" for n in range(600)))
+    event = _run(
+        _conversation(), tmp_path, llm=wordy, mode="remote_only", summary_max_output_tokens=300
+    )
+    summary = event.compaction.summary
+    assert summary.tokens <= 300
+    assert summary.truncated and summary.text.startswith(SUMMARY_MARKER)
+    assert "## Kept facts\n- task: Make the parser accept trailing commas" in summary.text
+    assert summary.fidelity.repaired > 0 and "task" not in summary.fidelity.dropped
