@@ -1,4 +1,4 @@
-"""Must-keep facts of a range, checked against its summary and repaired (issue 14 §1).
+"""Must-keep facts of a range, checked against its summary and repaired (docs/summaries.md).
 
 Before summarizing, :func:`extract_must_keep` takes from the range what the agent cannot lose:
 the task as the user stated it and every later instruction or correction, the files changed
