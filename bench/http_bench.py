@@ -131,8 +131,27 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
+def serve_command(redis_pool: int | None) -> list[str]:
+    """``compactor serve`` as it is; or, with ``redis_pool``, with its asyncio Redis clients
+    made with that ``max_connections`` (redis-py's default pool holds 100), to measure what the
+    followers would cost if the pool did not refuse them. Nothing in ``worker`` is changed."""
+    if redis_pool is None:
+        return [sys.executable, "-m", "worker", "serve", "--port", "0"]
+    patch = f"""
+import runpy, sys
+import redis.asyncio as ra
+_from_url = ra.Redis.from_url
+ra.Redis.from_url = lambda url, **kw: _from_url(url, **({{"max_connections": {redis_pool}}} | kw))
+sys.argv = ["worker", "serve", "--port", "0"]
+runpy.run_module("worker", run_name="__main__", alter_sys=True)
+"""
+    return [sys.executable, "-c", patch]
+
+
 @contextmanager
-def processes(root: Path) -> Iterator[tuple[str, str, str, subprocess.Popen[str], Path]]:
+def processes(
+    root: Path, redis_pool: int | None
+) -> Iterator[tuple[str, str, str, subprocess.Popen[str], Path]]:
     """(redis url, stand-in base URL, serve base URL, the serve process, config path)."""
     with EmbeddedRedis() as redis_url:
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
@@ -161,7 +180,7 @@ max_body_bytes = 4000000
             }
             with (root / "serve.log").open("ab") as log:
                 serve = subprocess.Popen(
-                    [sys.executable, "-m", "worker", "serve", "--port", "0"],
+                    serve_command(redis_pool),
                     stdout=subprocess.PIPE,
                     stderr=log,
                     text=True,
@@ -396,11 +415,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--submits", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--followers", type=int, nargs="+", default=[90, 1000])
+    parser.add_argument(
+        "--serve-redis-pool",
+        type=int,
+        default=None,
+        help="run serve with its asyncio Redis pool at this max_connections (a patch, see code)",
+    )
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per phase")
     args = parser.parse_args(argv)
     print(raise_nofile(max(args.followers) * 2 + 256))
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
-    with tempfile.TemporaryDirectory() as tmp, processes(Path(tmp)) as running:
+    if args.serve_redis_pool:
+        print(f"serve patched: asyncio Redis max_connections={args.serve_redis_pool}")
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        processes(Path(tmp), args.serve_redis_pool) as running,
+    ):
         redis_url, llm_url, base, serve, config = running
 
         lat = proxy_latency(llm_url, base, args.requests, time.monotonic() + args.timeout_s)
