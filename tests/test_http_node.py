@@ -46,13 +46,17 @@ _OFFLINE = (
 
 
 @pytest.fixture(scope="module")
-def node_sdk(request: pytest.FixtureRequest) -> Path:
+def node_sdk(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with ``conversation.mjs`` and ``node_modules/openai`` installed."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         pytest.skip(f"Node.js not found on PATH (node: {node}, npm: {npm})")
     spec = (NODE_DIR / "package.json").read_text()
-    work = request.config.cache.mkdir("node-openai")  # .pytest_cache/d/node-openai
+    cache = request.config.cache  # None under -p no:cacheprovider: a fresh install then
+    if cache is not None:
+        work = cache.mkdir("node-openai")  # .pytest_cache/d/node-openai
+    else:
+        work = tmp_path_factory.mktemp("node-openai")
     installed = work / "package.json"
     fresh = (work / "node_modules" / "openai" / "package.json").exists()
     if not fresh or installed.read_text() != spec:
