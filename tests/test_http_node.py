@@ -52,7 +52,7 @@ def node_sdk(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     if node is None or npm is None:
         pytest.skip(f"Node.js not found on PATH (node: {node}, npm: {npm})")
     spec = (NODE_DIR / "package.json").read_text()
-    cache = request.config.cache  # None under -p no:cacheprovider: a fresh install then
+    cache = getattr(request.config, "cache", None)  # none under -p no:cacheprovider
     if cache is not None:
         work = cache.mkdir("node-openai")  # .pytest_cache/d/node-openai
     else:
