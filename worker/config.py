@@ -202,6 +202,9 @@ class HttpConfig(_Strict):
     body_timeout_s: float = Field(default=30.0, gt=0)  # a request body must arrive within this
     keep_alive_timeout_s: float = Field(default=5.0, gt=0)
     sse_keepalive_s: float = Field(default=15.0, gt=0)
+    # Each live SSE follower holds one connection of the process's asyncio Redis pool while it
+    # waits (XREAD BLOCK); the pool's size bounds the followers one process serves.
+    redis_max_connections: int = Field(default=2000, ge=10)
     ready_cache_s: float = Field(default=5.0, ge=0)
     ready_timeout_s: float = Field(default=1.0, gt=0)
 

@@ -80,7 +80,10 @@ class Api:
         self.url = broker_url(settings)
         self.client = Client(settings)
         self.aredis: Any = redis.asyncio.Redis.from_url(
-            self.url, socket_connect_timeout=5.0, health_check_interval=15
+            self.url,
+            socket_connect_timeout=5.0,
+            health_check_interval=15,
+            max_connections=settings.http.redis_max_connections,
         )
         self.transcripts = TranscriptStore(settings.compaction.transcript_dir)
         self.body_limit = settings.http.max_body_bytes or settings.compaction.max_snapshot_bytes
