@@ -20,13 +20,7 @@ from typing import Any
 
 from worker.config import Settings, load_settings, mask_url, with_redis_url
 from worker.embedded import PRIVATE_UMASK
-
-OUTCOMES = {
-    "compaction.completed",
-    "compaction.skipped",
-    "compaction.failed",
-    "compaction.rejected",
-}
+from worker.events import OUTCOME_TYPES
 
 
 @dataclass(frozen=True)
@@ -434,7 +428,7 @@ def _submit_and_follow(settings: Settings, url: str, paths: list[str], *, timeou
                 ):
                     pending[conversation_id] = entry_id
                     _print_event(event)
-                    if event.type in OUTCOMES:
+                    if event.type in OUTCOME_TYPES:
                         pending.pop(conversation_id, None)
             time.sleep(0.2)
         if pending:

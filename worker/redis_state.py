@@ -418,10 +418,6 @@ class RedisState:
                 args=["" if revision is None else revision, conversation_id],
             )
 
-    def touch_pending(self, conversation_id: str) -> None:
-        with redis_errors("updating pending conversations"):
-            self.client.zadd(keys.PENDING, {conversation_id: time.time()}, xx=True)
-
     def reschedule_pending(self, due: dict[str, float]) -> None:
         """Set, in one round trip, when the reconciler next looks at each conversation (a time
         ``reconcile_after_s`` before it, as scores are submit times); only conversations still

@@ -40,6 +40,7 @@ from worker.client import Client, project
 from worker.config import CompactionConfig
 from worker.errors import CompactorError, EventMismatch, PermanentError
 from worker.events import (
+    OUTCOME_TYPES,
     CompactionEvent,
     CompletedEvent,
     FailedEvent,
@@ -114,14 +115,6 @@ class _Applied:
     event: CompletedEvent
     index: int  # where the replacement starts in the history
     size: int  # len(replacement)
-
-
-_OUTCOMES = {
-    "compaction.completed",
-    "compaction.skipped",
-    "compaction.failed",
-    "compaction.rejected",
-}
 
 
 class _Core:
@@ -544,7 +537,7 @@ class _Core:
                     event.revision,
                     event.reason,
                 )
-            if event.type in _OUTCOMES:
+            if event.type in OUTCOME_TYPES:
                 self._last_outcome = (
                     event.revision
                     if self._last_outcome is None
