@@ -31,7 +31,7 @@ from worker.formats import to_messages
 from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
 from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 MIN_THRESHOLD = 4000
 
@@ -59,7 +59,7 @@ def compacted_paths(messages: list[dict[str, Any]], start: int, end: int) -> set
 
 def run_one(snapshot: dict[str, Any], root: Path) -> dict[str, Any]:
     # A fresh Reuse: the timing is a first evaluation (the encoding itself stays loaded).
-    pipeline = Pipeline(Settings(), Adapters(store=TranscriptStore(root)), Reuse())
+    pipeline = Pipeline(Settings(), Adapters(store=FileStore(root)), Reuse())
     t0 = time.perf_counter()
     event = pipeline.run(pipeline.parse(snapshot))[-1]
     elapsed = time.perf_counter() - t0

@@ -42,7 +42,7 @@ from worker.config import Settings
 from worker.events import CompletedEvent
 from worker.pipeline import Adapters, Pipeline
 from worker.reuse import Reuse
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 PATHY = re.compile(r"^[\w@%+,.~/\-]+$")
 EXT = re.compile(r"\.[A-Za-z][A-Za-z0-9_]{0,9}$")
@@ -392,7 +392,7 @@ def measure(*, baseline: bool = False, verbose: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, snapshot in conversations():
             snap = with_small_window(snapshot)
-            pipeline = Pipeline(Settings(), Adapters(store=TranscriptStore(Path(tmp))), Reuse())
+            pipeline = Pipeline(Settings(), Adapters(store=FileStore(Path(tmp))), Reuse())
             event = pipeline.run(pipeline.parse(snap))[-1]
             if not isinstance(event, CompletedEvent):
                 print(f"{name}: {event.type}")

@@ -24,7 +24,7 @@ from worker.config import Settings
 from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
 from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 MIN_THRESHOLD = 4000
 
@@ -54,7 +54,7 @@ def main() -> int:
         for _ in range(repeats):
             for i, snap in enumerate(snaps):
                 _clear_parse_cache()
-                pipeline = Pipeline(Settings(), Adapters(store=TranscriptStore(Path(tmp))), Reuse())
+                pipeline = Pipeline(Settings(), Adapters(store=FileStore(Path(tmp))), Reuse())
                 c0, w0 = time.process_time(), time.perf_counter()
                 pipeline.run(pipeline.parse(snap))
                 cpu[i] = min(cpu[i], time.process_time() - c0)

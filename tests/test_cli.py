@@ -15,7 +15,7 @@ import pytest
 
 from worker.client import apply_compaction
 from worker.events import parse_event
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 if TYPE_CHECKING:
     from conftest import CliResult, CliRunner
@@ -477,7 +477,7 @@ def test_config_show_reads_the_default_file_and_compactor_config(run_cli: CliRun
 
 
 def test_prune_dry_run_then_prune(run_cli: CliRunner) -> None:
-    store = TranscriptStore(run_cli.cwd / "transcripts")
+    store = FileStore(run_cli.cwd / "transcripts")
     paths = [
         Path(store.write("c-1", r, hashlib.sha256(bytes([r])).hexdigest()[:32], b"{}").uri)
         for r in range(5)

@@ -19,14 +19,14 @@ from worker.events import CompactionEvent
 from worker.groups import group_messages
 from worker.pipeline import Adapters, Pipeline, tokens_of
 from worker.snapshots import parse_snapshot
+from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER
-from worker.transcripts import TranscriptStore
 
 
 def _compact(snap: dict[str, Any], root: Path) -> CompactionEvent:
     snap["config"].setdefault("summary_max_output_tokens", 300)
     parsed = parse_snapshot(snap, Settings())
-    return Pipeline(parsed.settings, Adapters(store=TranscriptStore(root))).run(parsed)[-1]
+    return Pipeline(parsed.settings, Adapters(store=FileStore(root))).run(parsed)[-1]
 
 
 def _pairs_intact(messages: list[dict[str, Any]], start: int, end: int) -> bool:

@@ -26,7 +26,7 @@ from worker.events import (
 )
 from worker.history import apply_compaction
 from worker.pipeline import Adapters, Pipeline
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 SETTINGS = Settings(compaction={"summary_max_output_tokens": 200})
 
@@ -64,7 +64,7 @@ def numbered_conversation(conversation_id: str, topic: str, turns: int = 30) -> 
 
 
 def compacted(snapshot: dict[str, Any], root: Path) -> CompletedEvent:
-    pipeline = Pipeline(SETTINGS, Adapters(store=TranscriptStore(root)))
+    pipeline = Pipeline(SETTINGS, Adapters(store=FileStore(root)))
     event = pipeline.run(pipeline.parse(snapshot))[-1]
     assert isinstance(event, CompletedEvent), event
     return event

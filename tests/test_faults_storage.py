@@ -39,7 +39,7 @@ from fault_support import (  # noqa: F401 - fixtures
 from service_support import REPO_ROOT
 
 from worker.events import CompactionEvent
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 pytestmark = pytest.mark.slow
 
@@ -156,8 +156,8 @@ def test_a_removed_transcript_directory(make_cluster, tmp_path: Path) -> None:  
 # --- pruning --------------------------------------------------------------------------------
 
 
-def _filled_store(root: Path, *, conversations: int, revisions: int) -> TranscriptStore:
-    store = TranscriptStore(root)
+def _filled_store(root: Path, *, conversations: int, revisions: int) -> FileStore:
+    store = FileStore(root)
     base = time.time() - 3600
     n = 0
     for c in range(conversations):
@@ -180,12 +180,12 @@ def test_concurrent_prunes_remove_exactly_what_retention_removes(tmp_path: Path)
     after_count = store.prune(
         keep_per_conversation=keep, max_age_s=None, max_total_bytes=None, dry_run=True
     )
-    total = sum(t.bytes for t in store.stored() if t.path not in set(after_count))
+    total = sum(t.bytes for t in store.stored() if t.uri not in set(after_count))
     limit = int(total * 0.7)
     doomed = set(
         store.prune(keep_per_conversation=keep, max_age_s=None, max_total_bytes=limit, dry_run=True)
     )
-    everything = {t.path for t in store.stored()}
+    everything = {t.uri for t in store.stored()}
     assert after_count and len(doomed) > len(after_count)  # both limits bite
     config = write_config(
         tmp_path / "prune.toml",
@@ -209,8 +209,8 @@ def test_concurrent_prunes_remove_exactly_what_retention_removes(tmp_path: Path)
     ]
     outputs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outputs]
-    removed = [Path(x) for out, _ in outputs for x in json.loads(out)["removed"]]
-    assert {t.path for t in store.stored()} == everything - doomed, "over- or under-pruned"
+    removed = [x for out, _ in outputs for x in json.loads(out)["removed"]]
+    assert {t.uri for t in store.stored()} == everything - doomed, "over- or under-pruned"
     assert set(removed) == doomed and len(removed) == len(doomed), "a file removed twice"
 
 
@@ -224,7 +224,7 @@ def test_prunes_racing_writes_never_remove_a_kept_transcript(make_cluster) -> No
     )
     cluster.workers.start("w1", queues=ALL_QUEUES, concurrency=2)
     cluster.workers.start("w2", queues=ALL_QUEUES, concurrency=2)
-    store = TranscriptStore(cluster.transcripts)
+    store = FileStore(cluster.transcripts)
     stop = threading.Event()
     prunes = [0]
     failures: list[BaseException] = []

@@ -19,9 +19,9 @@ from worker.fidelity import KINDS, carried_text, extract_must_keep, missing_fact
 from worker.formats import to_messages
 from worker.pipeline import Adapters, Pipeline
 from worker.snapshots import parse_snapshot
+from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.tokens import count_tokens
-from worker.transcripts import TranscriptStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from corpus import conversations, corpus_dir
@@ -95,7 +95,7 @@ def _run(messages: list[dict[str, Any]], root: Path, llm: Any = None, **config: 
     snap = snapshot(messages, threshold=800)
     snap["config"].update({"preserve_recent_user_tokens": 0, **config})
     parsed = parse_snapshot(snap, Settings())
-    return Pipeline(parsed.settings, Adapters(store=TranscriptStore(root), llm=llm)).run(parsed)[-1]
+    return Pipeline(parsed.settings, Adapters(store=FileStore(root), llm=llm)).run(parsed)[-1]
 
 
 def _facts_and_carried(
@@ -185,7 +185,7 @@ def test_every_corpus_compaction_carries_fidelity_and_keeps_what_fits() -> None:
                     )
                 }
             )
-            pipeline = Pipeline(settings, Adapters(store=TranscriptStore(Path(tmp)), llm=llm))
+            pipeline = Pipeline(settings, Adapters(store=FileStore(Path(tmp)), llm=llm))
             event = pipeline.run(parsed)[-1]
             assert isinstance(event, CompletedEvent), name
             summary = event.compaction.summary

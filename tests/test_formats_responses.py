@@ -25,9 +25,9 @@ from worker.groups import group_messages
 from worker.models import canonical_json
 from worker.pipeline import Adapters, Pipeline, tokens_of
 from worker.snapshots import parse_snapshot
+from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER
 from worker.tokens import tokenizer_for
-from worker.transcripts import TranscriptStore
 
 if TYPE_CHECKING:
     from conftest import CliRunner
@@ -483,7 +483,7 @@ def _snapshot(items: list[dict[str, Any]], threshold: int, **extra: Any) -> dict
 
 def _compact(snap: dict[str, Any], root: Path) -> CompactionEvent:
     parsed = parse_snapshot(snap, Settings())
-    return Pipeline(parsed.settings, Adapters(store=TranscriptStore(root))).run(parsed)[-1]
+    return Pipeline(parsed.settings, Adapters(store=FileStore(root))).run(parsed)[-1]
 
 
 def _check_pairs(items: list[dict[str, Any]]) -> None:
@@ -765,7 +765,7 @@ def test_mutated_items_are_compacted_or_rejected_with_a_field(
         assert exc.reason
         return
     with tempfile.TemporaryDirectory() as root:
-        event = Pipeline(parsed.settings, Adapters(store=TranscriptStore(Path(root)))).run(parsed)
+        event = Pipeline(parsed.settings, Adapters(store=FileStore(Path(root)))).run(parsed)
     last = event[-1]
     assert last.type in ("compaction.completed", "compaction.skipped"), last
     if last.type == "compaction.completed":

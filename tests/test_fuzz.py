@@ -33,7 +33,7 @@ from worker.config import Settings
 from worker.errors import CompactorError, CompressionError, InvalidSnapshot
 from worker.pipeline import Adapters, Pipeline
 from worker.snapshots import ParsedSnapshot, parse_snapshot
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 SETTINGS = Settings()
 FUZZ = settings(
@@ -299,7 +299,7 @@ def test_pipeline_on_whatever_parses(doc: Any, compact: bool, tmp_path_factory: 
         parsed = parse_snapshot(_dumps(doc), SETTINGS)
     except (InvalidSnapshot, ValueError, TypeError):
         return  # the parser's own tests report these
-    store = TranscriptStore(tmp_path_factory.mktemp("fuzz-transcripts"))
+    store = FileStore(tmp_path_factory.mktemp("fuzz-transcripts"))
     try:
         events = Pipeline(parsed.settings, Adapters(store=store)).run(parsed)
     except CompactorError:

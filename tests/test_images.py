@@ -24,13 +24,13 @@ from worker.media import (
 )
 from worker.pipeline import Adapters, Pipeline, evaluate
 from worker.snapshots import parse_snapshot
+from worker.stores.filesystem import FileStore
 from worker.summarize import SummaryRequest
 from worker.summarize.digest import DigestSummarizer
 from worker.summarize.llm import LLMSummarizer
 from worker.summarize.llm_prompt import render_message, without_bytes
 from worker.testing.standin_llm import StandinLLM
 from worker.tokens import tokenizer_for
-from worker.transcripts import TranscriptStore
 
 # --- real image bytes -------------------------------------------------------------------------
 
@@ -303,7 +303,7 @@ class Recording:
 
 def _compact(snap: dict[str, Any], tmp_path: Path, llm: Recording) -> CompletedEvent:
     parsed = parse_snapshot(snap, Settings())
-    adapters = Adapters(store=TranscriptStore(tmp_path), llm=llm)
+    adapters = Adapters(store=FileStore(tmp_path), llm=llm)
     events = Pipeline(parsed.settings, adapters).run(parsed)
     assert isinstance(events[-1], CompletedEvent), events[-1]
     return events[-1]
@@ -403,7 +403,7 @@ def test_the_llm_requests_hold_no_image_bytes(tmp_path: Path) -> None:
     with StandinLLM(expected_key="k") as server:
         config = LLMConfig(base_url=server.openai_base_url, api_key_env="IMG_KEY", max_retries=0)
         with LLMSummarizer(config, environ={"IMG_KEY": "k"}) as llm:
-            adapters = Adapters(store=TranscriptStore(tmp_path), llm=llm)
+            adapters = Adapters(store=FileStore(tmp_path), llm=llm)
             event = Pipeline(parsed.settings, adapters).run(parsed)[-1]
         bodies = [json.dumps(r.body) for r in server.requests]
     assert isinstance(event, CompletedEvent), event

@@ -20,7 +20,7 @@ from worker.keys import published
 from worker.pipeline import Adapters, Pipeline
 from worker.redis_state import RedisState, connect
 from worker.service import Service
-from worker.transcripts import TranscriptStore
+from worker.stores.filesystem import FileStore
 
 
 def service(url: str, tmp_path: Path, **config: Any) -> Service:
@@ -28,7 +28,7 @@ def service(url: str, tmp_path: Path, **config: Any) -> Service:
     return Service(
         settings=settings,
         state=RedisState(connect(url), settings.redis),
-        pipeline=Pipeline(settings, Adapters(store=TranscriptStore(tmp_path))),
+        pipeline=Pipeline(settings, Adapters(store=FileStore(tmp_path))),
         enqueue_summarize=lambda *_: None,
         enqueue_evaluate=lambda *_: None,
     )

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from worker.errors import InvalidSnapshot, StorageError, TranscriptConflict
-from worker.transcripts import TranscriptStore, transcript_name
+from worker.stores.filesystem import FileStore
+from worker.transcripts import transcript_name
 
 
 def eid(n: int) -> str:
@@ -30,18 +31,18 @@ def temp_files(root: Path) -> list[Path]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> TranscriptStore:
-    return TranscriptStore(tmp_path / "transcripts")
+def store(tmp_path: Path) -> FileStore:
+    return FileStore(tmp_path / "transcripts")
 
 
-def fill(store: TranscriptStore, cid: str, revisions: range, size: int = 10) -> dict[int, Path]:
+def fill(store: FileStore, cid: str, revisions: range, size: int = 10) -> dict[int, Path]:
     return {r: Path(store.write(cid, r, eid(r), f"{r:0{size}d}".encode()).uri) for r in revisions}
 
 
 # --- writing ------------------------------------------------------------------------------------
 
 
-def test_write_returns_a_matching_reference(store: TranscriptStore) -> None:
+def test_write_returns_a_matching_reference(store: FileStore) -> None:
     payload = b'{"messages": ["\xc3\xa9"]}'
     ref = store.write("c-1", 7, eid(1), payload)
     path = Path(ref.uri)
@@ -53,7 +54,7 @@ def test_write_returns_a_matching_reference(store: TranscriptStore) -> None:
     assert store.read(ref.uri) == payload
 
 
-def test_file_and_directory_modes(store: TranscriptStore) -> None:
+def test_file_and_directory_modes(store: FileStore) -> None:
     old = os.umask(0o022)
     try:
         path = Path(store.write("c-1", 1, eid(1), b"x").uri)
@@ -64,14 +65,14 @@ def test_file_and_directory_modes(store: TranscriptStore) -> None:
     assert stat.S_IMODE(store.root.stat().st_mode) == 0o700
 
 
-def test_same_bytes_twice_is_one_file(store: TranscriptStore) -> None:
+def test_same_bytes_twice_is_one_file(store: FileStore) -> None:
     first = store.write("c-1", 3, eid(3), b"same")
     second = store.write("c-1", 3, eid(3), b"same")
     assert first == second
     assert [p.name for p in all_entries(store.root / "c-1")] == [Path(first.uri).name]
 
 
-def test_same_name_different_bytes_is_refused(store: TranscriptStore) -> None:
+def test_same_name_different_bytes_is_refused(store: FileStore) -> None:
     ref = store.write("c-1", 3, eid(3), b"original")
     with pytest.raises(TranscriptConflict):
         store.write("c-1", 3, eid(3), b"tampered")
@@ -79,14 +80,14 @@ def test_same_name_different_bytes_is_refused(store: TranscriptStore) -> None:
     assert temp_files(store.root) == []
 
 
-def test_no_temp_files_left_behind(store: TranscriptStore) -> None:
+def test_no_temp_files_left_behind(store: FileStore) -> None:
     fill(store, "c-1", range(5))
     store.write("c-1", 4, eid(4), b"0000000004")  # a redelivered write
     assert temp_files(store.root) == []
     assert len(store.stored("c-1")) == 5
 
 
-def test_concurrent_identical_writes_all_succeed(store: TranscriptStore) -> None:
+def test_concurrent_identical_writes_all_succeed(store: FileStore) -> None:
     refs, errors = run_threads(8, lambda i: store.write("c-1", 9, eid(9), b"payload" * 1000))
     assert errors == []
     assert len(set(refs)) == 1
@@ -94,7 +95,7 @@ def test_concurrent_identical_writes_all_succeed(store: TranscriptStore) -> None
     assert temp_files(store.root) == []
 
 
-def test_concurrent_conflicting_writes_one_wins(store: TranscriptStore) -> None:
+def test_concurrent_conflicting_writes_one_wins(store: FileStore) -> None:
     refs, errors = run_threads(8, lambda i: store.write("c-1", 9, eid(9), f"writer {i}".encode()))
     assert len(refs) >= 1
     assert all(isinstance(e, TranscriptConflict) for e in errors)
@@ -105,19 +106,19 @@ def test_concurrent_conflicting_writes_one_wins(store: TranscriptStore) -> None:
 
 
 @pytest.mark.parametrize("cid", ["../../etc", ".hidden", "a/b", "", "abc\n", "x" * 129])
-def test_invalid_conversation_id_never_becomes_a_path(store: TranscriptStore, cid: str) -> None:
+def test_invalid_conversation_id_never_becomes_a_path(store: FileStore, cid: str) -> None:
     with pytest.raises(InvalidSnapshot):
         store.write(cid, 1, eid(1), b"x")
     assert not store.root.exists()
 
 
 @pytest.mark.parametrize("event_id", ["../x", "ABCDEF0123456789", "0123", "g" * 32, ""])
-def test_invalid_event_id_refused(store: TranscriptStore, event_id: str) -> None:
+def test_invalid_event_id_refused(store: FileStore, event_id: str) -> None:
     with pytest.raises(InvalidSnapshot):
         store.write("c-1", 1, event_id, b"x")
 
 
-def test_read_refuses_paths_outside_the_store(store: TranscriptStore, tmp_path: Path) -> None:
+def test_read_refuses_paths_outside_the_store(store: FileStore, tmp_path: Path) -> None:
     outside = tmp_path / "secret.json"
     outside.write_text("{}")
     with pytest.raises(InvalidSnapshot):
@@ -126,7 +127,7 @@ def test_read_refuses_paths_outside_the_store(store: TranscriptStore, tmp_path: 
         store.read(str(store.root / ".." / "secret.json"))
 
 
-def test_huge_revisions_are_listed_and_retained(store: TranscriptStore) -> None:
+def test_huge_revisions_are_listed_and_retained(store: FileStore) -> None:
     """Revisions may be large (e.g. millisecond timestamps): retention must still see them."""
     revisions = [999_999_999_999, 1_700_000_000_000, 1_700_000_000_001]
     paths = [Path(store.write("c-1", r, eid(r), b"x").uri) for r in revisions]
@@ -142,7 +143,7 @@ def test_root_is_a_regular_file(tmp_path: Path) -> None:
     blocker = tmp_path / "transcripts"
     blocker.write_text("not a directory")
     with pytest.raises(StorageError):
-        TranscriptStore(blocker).write("c-1", 1, eid(1), b"x")
+        FileStore(blocker).write("c-1", 1, eid(1), b"x")
     assert blocker.read_text() == "not a directory"
 
 
@@ -150,7 +151,7 @@ def test_unwritable_proc_path() -> None:
     if not Path("/proc/self").is_dir():
         pytest.skip("no /proc on this system")
     with pytest.raises(StorageError):
-        TranscriptStore(Path("/proc/compactor-test-transcripts")).write("c-1", 1, eid(1), b"x")
+        FileStore(Path("/proc/compactor-test-transcripts")).write("c-1", 1, eid(1), b"x")
 
 
 def test_read_only_directory(tmp_path: Path) -> None:
@@ -160,7 +161,7 @@ def test_read_only_directory(tmp_path: Path) -> None:
     root.mkdir(mode=0o500)
     try:
         with pytest.raises(StorageError):
-            TranscriptStore(root).write("c-1", 1, eid(1), b"x")
+            FileStore(root).write("c-1", 1, eid(1), b"x")
     finally:
         root.chmod(0o700)
 
@@ -168,29 +169,29 @@ def test_read_only_directory(tmp_path: Path) -> None:
 # --- retention ----------------------------------------------------------------------------------
 
 
-def test_enforce_count_keeps_the_newest(store: TranscriptStore) -> None:
+def test_enforce_count_keeps_the_newest(store: FileStore) -> None:
     paths = fill(store, "c-1", range(1, 8))
     other = fill(store, "c-2", range(1, 4))
     removed = store.enforce_count("c-1", 3)
-    assert sorted(removed) == sorted(paths[r] for r in range(1, 5))
+    assert sorted(map(Path, removed)) == sorted(paths[r] for r in range(1, 5))
     assert [t.revision for t in store.stored("c-1")] == [5, 6, 7]
     assert all(p.exists() for p in other.values())  # other conversations untouched
     assert store.enforce_count("c-1", 3) == []  # idempotent
 
 
-def test_enforce_count_never_removes_the_protected_path(store: TranscriptStore) -> None:
+def test_enforce_count_never_removes_the_protected_path(store: FileStore) -> None:
     paths = fill(store, "c-1", range(1, 6))
-    store.enforce_count("c-1", 1, protect=paths[2])
+    store.enforce_count("c-1", 1, protect=str(paths[2]))
     assert sorted(t.revision for t in store.stored("c-1")) == [2, 5]
 
 
-def test_enforce_count_none_keeps_everything(store: TranscriptStore) -> None:
+def test_enforce_count_none_keeps_everything(store: FileStore) -> None:
     fill(store, "c-1", range(5))
     assert store.enforce_count("c-1", None) == []
     assert len(store.stored("c-1")) == 5
 
 
-def test_list_ignores_foreign_and_temporary_files(store: TranscriptStore) -> None:
+def test_list_ignores_foreign_and_temporary_files(store: FileStore) -> None:
     fill(store, "c-1", range(2))
     (store.root / "c-1" / ".tmp-000000000009-abc-1-ff.json").write_bytes(b"partial")
     (store.root / "c-1" / "notes.txt").write_bytes(b"x")
@@ -209,7 +210,7 @@ NOW = 1_800_000_000.0
 DAY = 86_400.0
 
 
-def test_prune_by_count_per_conversation(store: TranscriptStore) -> None:
+def test_prune_by_count_per_conversation(store: FileStore) -> None:
     fill(store, "a", range(6))
     fill(store, "b", range(2))
     removed = store.prune(keep_per_conversation=3, max_age_s=None, max_total_bytes=None)
@@ -218,28 +219,28 @@ def test_prune_by_count_per_conversation(store: TranscriptStore) -> None:
     assert left == {("a", 3), ("a", 4), ("a", 5), ("b", 0), ("b", 1)}
 
 
-def test_prune_by_age(store: TranscriptStore) -> None:
+def test_prune_by_age(store: FileStore) -> None:
     paths = fill(store, "a", range(4))
     set_age([paths[0], paths[1]], NOW - 10 * DAY)
     set_age([paths[2], paths[3]], NOW - 1 * DAY)
     removed = store.prune(
         keep_per_conversation=None, max_age_s=7 * DAY, max_total_bytes=None, now=NOW
     )
-    assert sorted(removed) == [paths[0], paths[1]]
+    assert sorted(map(Path, removed)) == [paths[0], paths[1]]
     assert [t.revision for t in store.stored()] == [2, 3]
 
 
-def test_prune_by_total_size_removes_oldest_first(store: TranscriptStore) -> None:
+def test_prune_by_total_size_removes_oldest_first(store: FileStore) -> None:
     a = fill(store, "a", range(3), size=100)
     b = fill(store, "b", range(3), size=100)
     for i, p in enumerate([a[0], b[0], a[1], b[1], a[2], b[2]]):
         set_age([p], NOW - 100 + i)
     removed = store.prune(keep_per_conversation=None, max_age_s=None, max_total_bytes=250, now=NOW)
-    assert sorted(removed) == sorted([a[0], b[0], a[1], b[1]])
+    assert sorted(map(Path, removed)) == sorted([a[0], b[0], a[1], b[1]])
     assert sum(t.bytes for t in store.stored()) <= 250
 
 
-def test_prune_all_limits_together_and_dry_run(store: TranscriptStore) -> None:
+def test_prune_all_limits_together_and_dry_run(store: FileStore) -> None:
     a = fill(store, "a", range(5), size=100)
     b = fill(store, "b", range(2), size=100)
     set_age([*a.values(), *b.values()], NOW - DAY)
@@ -256,14 +257,14 @@ def test_prune_all_limits_together_and_dry_run(store: TranscriptStore) -> None:
         )
 
     would = prune(dry_run=True)
-    assert would == [a[0]]
+    assert list(map(Path, would)) == [a[0]]
     assert all_entries(store.root) == before  # a dry run removes nothing
     assert prune(dry_run=False) == would
     assert not a[0].exists()
 
 
 def test_prune_of_a_missing_root_is_empty(tmp_path: Path) -> None:
-    store = TranscriptStore(tmp_path / "never-created")
+    store = FileStore(tmp_path / "never-created")
     assert store.prune(keep_per_conversation=1, max_age_s=1.0, max_total_bytes=0) == []
 
 
@@ -296,7 +297,7 @@ def run_threads(n: int, work: Callable[[int], object]) -> tuple[list, list[BaseE
     return results, errors
 
 
-def test_racing_prunes_remove_each_file_once_and_keep_the_rest(store: TranscriptStore) -> None:
+def test_racing_prunes_remove_each_file_once_and_keep_the_rest(store: FileStore) -> None:
     for cid in ("a", "b", "c"):
         fill(store, cid, range(30))
     removed_lists, errors = run_threads(
@@ -309,7 +310,7 @@ def test_racing_prunes_remove_each_file_once_and_keep_the_rest(store: Transcript
     assert left == {(cid, r) for cid in ("a", "b", "c") for r in range(25, 30)}
 
 
-def test_prune_racing_writes_never_removes_a_kept_file(store: TranscriptStore) -> None:
+def test_prune_racing_writes_never_removes_a_kept_file(store: FileStore) -> None:
     keep = 3
     stop = threading.Event()
     written: list[Path] = []
@@ -319,7 +320,7 @@ def test_prune_racing_writes_never_removes_a_kept_file(store: TranscriptStore) -
         for r in range(60):
             path = Path(store.write("live", r, eid(r), f"revision {r}".encode()).uri)
             written.append(path)
-            store.enforce_count("live", keep, protect=path)
+            store.enforce_count("live", keep, protect=str(path))
             # The newest `keep` written so far are what retention keeps: they must all exist.
             for kept in written[-keep:]:
                 assert kept.exists(), f"{kept.name} was removed while retention keeps it"

@@ -19,8 +19,8 @@ from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
 from worker.projection import count_message_tokens
 from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
+from worker.stores.filesystem import FileStore
 from worker.tokens import CalibratedEstimateTokenizer, TiktokenTokenizer, tokenizer_for
-from worker.transcripts import TranscriptStore
 
 if TYPE_CHECKING:
     from conftest import CliRunner
@@ -111,7 +111,7 @@ def test_tiktoken_alone_would_count_far_less_and_not_compact() -> None:
 def test_a_claude_snapshot_over_by_usage_compacts_and_the_event_says_so(tmp_path: Path) -> None:
     snap = claude_snapshot({"input_tokens": 150_000, "message_count": K})
     parsed = parse_snapshot(snap, Settings())
-    events = Pipeline(parsed.settings, Adapters(store=TranscriptStore(tmp_path))).run(parsed)
+    events = Pipeline(parsed.settings, Adapters(store=FileStore(tmp_path))).run(parsed)
     done = events[-1]
     assert isinstance(done, CompletedEvent), done
     assert done.trigger.counted_by == "usage+estimate"
@@ -182,7 +182,7 @@ def test_implausible_usage_is_ignored_with_a_logged_reason(
 def test_usage_does_not_survive_a_published_compaction_applied_first(tmp_path: Path) -> None:
     snap = claude_snapshot({"input_tokens": 150_000, "message_count": K})
     settings = Settings()
-    pipeline = Pipeline(settings, Adapters(store=TranscriptStore(tmp_path)))
+    pipeline = Pipeline(settings, Adapters(store=FileStore(tmp_path)))
     done = pipeline.run(pipeline.parse(snap))[-1]
     assert isinstance(done, CompletedEvent)
     later = claude_snapshot({"input_tokens": 150_000, "message_count": K}) | {"revision": 4}

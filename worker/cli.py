@@ -80,16 +80,17 @@ def _read_value(path: str, *, as_json: bool) -> Any:
 def cmd_compact(args: argparse.Namespace) -> int:
     from worker.pipeline import Adapters, Pipeline
     from worker.summarize_factory import llm_summarizer
-    from worker.transcripts import TranscriptStore
+    from worker.transcripts import open_store
 
     settings = _settings(args)
     payload = read_input(args.snapshot, settings.compaction.max_snapshot_bytes)
     llm = llm_summarizer(settings)  # the operator's choice, as in the worker
+    store = open_store(settings)
     try:
-        store = TranscriptStore(settings.compaction.transcript_dir)
         pipeline = Pipeline(settings, Adapters(store=store, llm=llm))
         events = pipeline.run(pipeline.parse(payload))
     finally:
+        store.close()
         if llm is not None:
             llm.close()
     for event in events:
@@ -132,19 +133,16 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from worker.transcripts import TranscriptStore
+    from worker.transcripts import open_store, prune_by_settings
 
     settings = _settings(args)
-    store = TranscriptStore(settings.compaction.transcript_dir)
-    retention = settings.transcripts
-    removed = store.prune(
-        keep_per_conversation=settings.compaction.max_persisted_transcripts,
-        max_age_s=retention.max_age_days * 86400 if retention.max_age_days else None,
-        max_total_bytes=retention.max_total_bytes,
-        dry_run=args.dry_run,
-    )
+    store = open_store(settings)
+    try:
+        removed = prune_by_settings(store, settings, dry_run=args.dry_run)
+    finally:
+        store.close()
     key = "would_remove" if args.dry_run else "removed"
-    sys.stdout.write(json.dumps({key: [str(p) for p in removed]}) + "\n")
+    sys.stdout.write(json.dumps({key: removed}) + "\n")
     return EXIT_OK
 
 

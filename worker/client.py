@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -39,7 +40,7 @@ from worker.projection import project as project_messages
 from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
 from worker.redis_state import RedisState, SubmitResult, connect
 from worker.snapshots import decode_json, encode_json, media_rules
-from worker.transcripts import TranscriptStore
+from worker.transcripts import TranscriptStore, open_store
 
 __all__ = [
     "Client",
@@ -105,6 +106,7 @@ class Client:
         self.state = RedisState(connect(self._url), self.settings.redis)
         self._sender = TaskSender(self._url)
         self._submit_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._store: TranscriptStore | None = None
 
     def submit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:
         """Enqueue a snapshot (a dict, or its JSON). Only the id and revision are checked here;
@@ -187,12 +189,20 @@ class Client:
     ) -> list[dict[str, Any]]:
         """An original history from the transcripts: the one a completed event replaced
         (sha256-checked), or a conversation's newest transcript (at ``revision``, if given)."""
-        transcript_dir = self.settings.compaction.transcript_dir
         if isinstance(conversation, CompletedEvent):
-            return restore(conversation, transcript_dir=transcript_dir)
-        return restore_conversation(conversation, transcript_dir=transcript_dir, revision=revision)
+            return restore(conversation, store=self.store)
+        return restore_conversation(conversation, store=self.store, revision=revision)
+
+    @property
+    def store(self) -> TranscriptStore:
+        """The configured transcript store (``[transcripts] url``), opened on first use."""
+        if self._store is None:
+            self._store = open_store(self.settings)
+        return self._store
 
     def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
         self.state.client.close()
         self._sender.close()
         if self._submit_pool is not None:
@@ -215,12 +225,14 @@ def _async_redis_error(exc: Exception) -> CompactorError:
     return RedisUnavailable(f"redis unavailable while reading events: {type(exc).__name__}")
 
 
-def restore(event: CompletedEvent, *, transcript_dir: str | Path) -> list[dict[str, Any]]:
-    """The original messages of a completed compaction, from its transcript."""
+def restore(event: CompletedEvent, *, store: TranscriptStore | str | Path) -> list[dict[str, Any]]:
+    """The original messages of a completed compaction, from its transcript (``store``: a
+    store, a store URL, or a transcript directory)."""
     ref = event.compaction.transcript
     if ref is None:
         raise EventMismatch(f"the {event.type} event has no transcript")
-    data = TranscriptStore(Path(transcript_dir)).read(ref.uri)
+    with _opened(store) as opened:
+        data = opened.read(ref.uri)
     if hashlib.sha256(data).hexdigest() != ref.sha256:
         raise EventMismatch(f"transcript {ref.uri} does not match the event's sha256")
     messages: list[dict[str, Any]] = json.loads(data)["messages"]
@@ -228,16 +240,31 @@ def restore(event: CompletedEvent, *, transcript_dir: str | Path) -> list[dict[s
 
 
 def restore_conversation(
-    conversation_id: str, *, transcript_dir: str | Path, revision: int | None = None
+    conversation_id: str, *, store: TranscriptStore | str | Path, revision: int | None = None
 ) -> list[dict[str, Any]]:
     """The messages of a conversation's newest kept transcript, or of the one for ``revision``."""
-    store = TranscriptStore(Path(transcript_dir))
-    kept = [t for t in store.stored(conversation_id) if revision is None or t.revision == revision]
-    if not kept:
-        which = "any revision" if revision is None else f"revision {revision}"
-        raise EventMismatch(f"no transcript of {conversation_id} for {which} is kept")
-    messages: list[dict[str, Any]] = json.loads(store.read(str(kept[-1].path)))["messages"]
+    with _opened(store) as opened:
+        kept = [
+            t for t in opened.stored(conversation_id) if revision is None or t.revision == revision
+        ]
+        if not kept:
+            which = "any revision" if revision is None else f"revision {revision}"
+            raise EventMismatch(f"no transcript of {conversation_id} for {which} is kept")
+        messages: list[dict[str, Any]] = json.loads(opened.get(kept[-1].key))["messages"]
     return messages
+
+
+@contextlib.contextmanager
+def _opened(store: TranscriptStore | str | Path) -> Iterator[TranscriptStore]:
+    """``store`` itself, or the store a URL or directory names, closed after use."""
+    if isinstance(store, TranscriptStore):
+        yield store
+        return
+    opened = open_store(str(store))
+    try:
+        yield opened
+    finally:
+        opened.close()
 
 
 def _claim(snapshot: dict[str, Any] | bytes | str, settings: Settings) -> tuple[bytes, str, int]:

@@ -162,12 +162,15 @@ class RedisConfig(_Strict):
 
 
 class TranscriptRetention(_Strict):
-    """``[transcripts]``: retention beyond ``max_persisted_transcripts``."""
+    """``[transcripts]``: the store (``url``; none: files under ``compaction.transcript_dir``)
+    and retention beyond ``max_persisted_transcripts``. ``url`` may carry a password; it is
+    masked whenever shown."""
 
+    url: SecretStr | None = None
     max_age_days: float | None = Field(default=None, gt=0)
     max_total_bytes: int | None = Field(default=None, ge=0)
 
-    _none_ok = field_validator("max_age_days", "max_total_bytes", mode="before")(_none_word)
+    _none_ok = field_validator("url", "max_age_days", "max_total_bytes", mode="before")(_none_word)
 
 
 class WorkerConfig(_Strict):
@@ -397,6 +400,10 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
     """The resolved configuration as ``config show`` prints it: secrets masked."""
     data = settings.model_dump(mode="json")
     data["redis"]["url"] = mask_url(redis_url(settings))
+    transcripts_url = settings.transcripts.url
+    data["transcripts"]["url"] = mask_url(
+        transcripts_url.get_secret_value() if transcripts_url else None
+    )
     data["llm"]["base_url"] = mask_url(settings.llm.base_url)
     data["llm"]["headers"] = {k: "***" for k in settings.llm.headers}
     data["proxy"]["openai_base_url"] = mask_url(settings.proxy.openai_base_url)

@@ -103,6 +103,14 @@ class TranscriptConflict(PermanentError):
 
     code = "transcript_conflict"
 
+    @classmethod
+    def of(cls, name: str) -> TranscriptConflict:
+        return cls(
+            f"a different transcript already exists as {name}: this conversation and revision "
+            "were compacted before with other messages; the first stays (transcripts are "
+            "create-only); submit the edited history as a new revision"
+        )
+
 
 class SummaryError(CompactorError):
     """Summarization failed; subclasses say whether a retry may help."""

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from worker import fidelity, formats
@@ -27,7 +26,7 @@ from worker.compaction import (
     resolve_tool_policies,
 )
 from worker.config import Settings
-from worker.errors import CompactorError, EventMismatch, RedisUnavailable
+from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
 from worker.events import (
     Compaction,
     CompactionEvent,
@@ -352,7 +351,7 @@ class Pipeline:
                 message=exc.message,
                 trigger=trigger,
             )
-        _enforce_retention(store, parsed, Path(ref.uri))
+        _enforce_retention(store, parsed, ref.uri)
         return completed_event(
             parsed.conversation_id,
             parsed.revision,
@@ -723,7 +722,7 @@ def transcript_payload(parsed: ParsedSnapshot, compaction: Compaction, event_id:
     return canonical_json(doc).encode("utf-8")
 
 
-def _enforce_retention(store: TranscriptStore, parsed: ParsedSnapshot, written: Path) -> None:
+def _enforce_retention(store: TranscriptStore, parsed: ParsedSnapshot, written: str) -> None:
     """Retention after a write. A failure here costs disk, not correctness: the scheduled
     prune retries it, so the compaction still completes."""
     try:
@@ -732,7 +731,7 @@ def _enforce_retention(store: TranscriptStore, parsed: ParsedSnapshot, written: 
             parsed.settings.compaction.max_persisted_transcripts,
             protect=written,
         )
-    except OSError:
+    except (OSError, StorageError):
         log.warning(
             "retention after write failed for %s; prune will retry",
             parsed.conversation_id,

@@ -30,6 +30,7 @@ from worker.events import CompactionEvent, CompletedEvent, FailedEvent, rejected
 from worker.pipeline import Pipeline, StoredBlob
 from worker.redis_state import RedisState, Work
 from worker.snapshots import ParsedSnapshot
+from worker.transcripts import prune_by_settings
 
 log = logging.getLogger(__name__)
 
@@ -252,14 +253,7 @@ class Service:
         return requeued
 
     def prune(self, *, dry_run: bool = False) -> list[str]:
-        retention = self.settings.transcripts
-        removed = self.pipeline.adapters.store.prune(
-            keep_per_conversation=self.settings.compaction.max_persisted_transcripts,
-            max_age_s=retention.max_age_days * 86400 if retention.max_age_days else None,
-            max_total_bytes=retention.max_total_bytes,
-            dry_run=dry_run,
-        )
-        return [str(p) for p in removed]
+        return prune_by_settings(self.pipeline.adapters.store, self.settings, dry_run=dry_run)
 
 
 def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:

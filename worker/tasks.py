@@ -20,7 +20,7 @@ from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE, broker_url
 from worker.redis_state import RedisState, connect
 from worker.reuse import Reuse
 from worker.service import Service
-from worker.transcripts import TranscriptStore
+from worker.transcripts import open_store
 
 log = logging.getLogger(__name__)
 _services: dict[int, Service] = {}
@@ -44,9 +44,7 @@ def _build(settings: Settings) -> Service:
     from worker.summarize_factory import llm_summarizer
 
     state = RedisState(connect(broker_url(settings)), settings.redis)
-    adapters = Adapters(
-        store=TranscriptStore(settings.compaction.transcript_dir), llm=llm_summarizer(settings)
-    )
+    adapters = Adapters(store=open_store(settings), llm=llm_summarizer(settings))
     reuse = Reuse(conversation_cache_bytes=int(settings.worker.conversation_cache_mb * 2**20))
     return Service(
         settings=settings,

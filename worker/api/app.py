@@ -48,7 +48,6 @@ from worker.events import CompletedEvent, parse_event
 from worker.history import apply_compaction
 from worker.queues import broker_url
 from worker.snapshots import decode_json
-from worker.transcripts import TranscriptStore
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ class Api:
             health_check_interval=15,
             max_connections=settings.http.redis_max_connections,
         )
-        self.transcripts = TranscriptStore(settings.compaction.transcript_dir)
+        self.transcripts = self.client.store
         self.body_limit = settings.http.max_body_bytes or settings.compaction.max_snapshot_bytes
         self._ready: tuple[float, int, dict[str, Any]] | None = None
         self._ready_lock = asyncio.Lock()
@@ -291,11 +290,7 @@ async def get_transcript(request: Request) -> Response:
         raise ApiError.of(422, "invalid_request", "revision: must be an integer")
     revision = int(raw_revision)
 
-    def read() -> bytes | None:
-        kept = [t for t in api.transcripts.stored(internal) if t.revision == revision]
-        return api.transcripts.read(str(kept[-1].path)) if kept else None
-
-    data = await anyio.to_thread.run_sync(read)
+    data = await anyio.to_thread.run_sync(api.transcripts.read_revision, internal, revision)
     if data is None:
         raise ApiError.of(404, "not_found", f"no transcript of revision {revision} is kept")
     doc = json.loads(data)

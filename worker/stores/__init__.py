@@ -1,0 +1,1 @@
+"""Transcript store backends (chosen by ``[transcripts] url``, see :mod:`worker.transcripts`)."""
