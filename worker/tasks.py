@@ -62,7 +62,10 @@ def _build(settings: Settings) -> Service:
 @worker_process_shutdown.connect
 def _close(**_: Any) -> None:
     svc = _services.pop(os.getpid(), None)
-    llm = svc.pipeline.adapters.llm if svc is not None else None
+    if svc is None:
+        return
+    svc.pipeline.adapters.store.close()  # a database store's pooled connections
+    llm = svc.pipeline.adapters.llm
     if llm is not None and hasattr(llm, "close"):
         llm.close()
 
