@@ -31,8 +31,10 @@ from worker.celery_app import MAINTENANCE_QUEUE, make_app
 from worker.client import Client
 from worker.config import Settings, load_settings, with_redis_url
 from worker.embedded import EmbeddedRedis
+from worker.errors import StorageError
 from worker.events import CompactionEvent
 from worker.redis_state import connect
+from worker.transcripts import TranscriptStore, open_store
 
 T = TypeVar("T")
 
@@ -297,14 +299,30 @@ def check_consistency(
 
     - each conversation has an outcome for its newest submitted revision;
     - no event id twice, no revision with two ``compaction.completed`` events;
-    - every completed event's transcript exists whole (bytes and sha256 as the event says) and
-      holds exactly the submitted messages of that revision;
+    - every completed event's transcript exists whole in the cluster's store (bytes and sha256
+      as the event says) and holds exactly the submitted messages of that revision;
     - no temporary transcript file is left behind; no conversation is still pending in Redis
       unless its newest outcome is ``compaction.failed`` (the reconciler retries those).
 
     Returns the completed events per conversation.
     """
     completed: dict[str, list[CompactionEvent]] = {}
+    store = open_store(cluster.settings)  # the cluster's store, whichever kind
+    try:
+        _check_conversations(cluster, store, submitted, completed)
+    finally:
+        store.close()
+    leftovers = [p for p in cluster.transcripts.rglob("*") if p.name.startswith(".tmp-")]
+    assert not leftovers, f"temporary transcript files left behind: {leftovers}"
+    return completed
+
+
+def _check_conversations(
+    cluster: Cluster,
+    store: TranscriptStore,
+    submitted: dict[str, dict[int, dict[str, Any]]],
+    completed: dict[str, list[CompactionEvent]],
+) -> None:
     for conv, revisions in submitted.items():
         events = cluster.events(conv)
         newest = max(revisions)
@@ -323,19 +341,19 @@ def check_consistency(
                 continue  # not ours to check (its transcript was removed on purpose)
             assert event.compaction is not None and event.compaction.transcript is not None
             ref = event.compaction.transcript
-            path = Path(ref.uri)
-            assert path.is_file(), f"{conv}@{event.revision}: transcript {path} missing"
-            data = path.read_bytes()
-            assert len(data) == ref.bytes, f"{path}: partial transcript"
-            assert hashlib.sha256(data).hexdigest() == ref.sha256, f"{path}: sha256 differs"
+            try:
+                data = store.read(ref.uri)
+            except StorageError as exc:
+                raise AssertionError(
+                    f"{conv}@{event.revision}: transcript {ref.uri}: {exc}"
+                ) from None
+            assert len(data) == ref.bytes, f"{ref.uri}: partial transcript"
+            assert hashlib.sha256(data).hexdigest() == ref.sha256, f"{ref.uri}: sha256 differs"
             assert json.loads(data)["messages"] == revisions[event.revision]["messages"]
         completed[conv] = done
         newest_outcome = [e for e in events if e.type in OUTCOMES and e.revision == newest][-1]
         if newest_outcome.type != "compaction.failed":  # a failure stays pending: retried later
             assert cluster.raw.zscore("cw:pending", conv) is None, f"{conv} still pending"
-    leftovers = [p for p in cluster.transcripts.rglob("*") if p.name.startswith(".tmp-")]
-    assert not leftovers, f"temporary transcript files left behind: {leftovers}"
-    return completed
 
 
 def reconcile_until(

@@ -9,11 +9,14 @@ its parent is gone and replaced by a file). The tmpfs cases skip where mounting 
 
 Pruning: two or more ``compactor prune`` processes at once, and prunes (the scheduled task on
 two workers, plus a tight loop in this process) racing a stream of transcript writes, never
-remove a transcript that retention keeps.
+remove a transcript that retention keeps; the race runs once per store kind
+(tests/store_support.py), the other store kinds' faults are in tests/test_faults_stores.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -37,9 +40,11 @@ from fault_support import (  # noqa: F401 - fixtures
     write_config,
 )
 from service_support import REPO_ROOT
+from store_support import s3_environment, s3_server, store_url  # noqa: F401 - fixtures
 
 from worker.events import CompactionEvent
 from worker.stores.filesystem import FileStore
+from worker.transcripts import key_of_uri, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -214,17 +219,21 @@ def test_concurrent_prunes_remove_exactly_what_retention_removes(tmp_path: Path)
     assert set(removed) == doomed and len(removed) == len(doomed), "a file removed twice"
 
 
-def test_prunes_racing_writes_never_remove_a_kept_transcript(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_prunes_racing_writes_never_remove_a_kept_transcript(make_cluster, store_url: str) -> None:  # type: ignore[no-untyped-def]
     """Workers write a stream of transcripts (retention: the newest 3 per conversation) while
     the scheduled prune runs on two workers and this process prunes in a tight loop: at the end
-    each conversation has exactly its newest 3 compactions' transcripts, whole."""
+    each conversation has exactly its newest 3 compactions' transcripts, whole. Once per store
+    kind (tests/store_support.py)."""
     keep = 3
     cluster = make_cluster(
-        {"compaction": {"mode": "local_only", "max_persisted_transcripts": keep}}
+        {
+            "compaction": {"mode": "local_only", "max_persisted_transcripts": keep},
+            "transcripts": {"url": store_url},
+        }
     )
     cluster.workers.start("w1", queues=ALL_QUEUES, concurrency=2)
     cluster.workers.start("w2", queues=ALL_QUEUES, concurrency=2)
-    store = FileStore(cluster.transcripts)
+    store = open_store(store_url)
     stop = threading.Event()
     prunes = [0]
     failures: list[BaseException] = []
@@ -260,6 +269,7 @@ def test_prunes_racing_writes_never_remove_a_kept_transcript(make_cluster) -> No
     finally:
         stop.set()
         pruner.join(timeout=60)
+        store.close()
     assert not failures, failures
     assert prunes[0] >= REVISIONS
     completed = {
@@ -268,11 +278,12 @@ def test_prunes_racing_writes_never_remove_a_kept_transcript(make_cluster) -> No
     for conv in convs:
         assert [e.revision for e in completed[conv]] == list(range(REVISIONS))
         kept = completed[conv][-keep:]
-        present = sorted(p for p in (cluster.transcripts / conv).iterdir())
-        assert present == sorted(Path(e.compaction.transcript.uri) for e in kept), conv  # type: ignore[union-attr]
-        for event in kept:
-            ref = event.compaction.transcript  # type: ignore[union-attr]
-            assert sha256_of(Path(ref.uri)) == ref.sha256
+        with contextlib.closing(open_store(store_url)) as check:
+            present = [t.key for t in check.stored(conv)]
+            assert present == sorted(key_of_uri(e.compaction.transcript.uri) for e in kept), conv  # type: ignore[union-attr]
+            for event in kept:
+                ref = event.compaction.transcript  # type: ignore[union-attr]
+                assert hashlib.sha256(check.read(ref.uri)).hexdigest() == ref.sha256
     check_consistency(
         cluster,
         {c: {e.revision: submitted[c][e.revision] for e in completed[c][-keep:]} for c in convs},

@@ -146,6 +146,76 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_transcripts_list(args: argparse.Namespace) -> int:
+    from worker.transcripts import open_store
+
+    store = open_store(args.url if args.url else _settings(args))
+    try:
+        for t in store.stored(args.conversation):
+            line = {"uri": t.uri, "conversation_id": t.conversation_id, "revision": t.revision}
+            sys.stdout.write(json.dumps(line | {"bytes": t.bytes, "created": t.created}) + "\n")
+    finally:
+        store.close()
+    return EXIT_OK
+
+
+def cmd_transcripts_migrate(args: argparse.Namespace) -> int:
+    from worker.migrate import migrate
+    from worker.transcripts import open_store
+
+    source = open_store(args.source)
+    try:
+        target = open_store(args.target)
+        try:
+            with _MigrationProgress(every=args.progress_every) as progress:
+                result = migrate(source, target, progress=progress)
+        finally:
+            target.close()
+    finally:
+        source.close()
+    sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+    return EXIT_FAILED if result.conflicts else EXIT_OK
+
+
+class _MigrationProgress:
+    """On a terminal, a progress bar (tqdm) on stderr; otherwise a JSON line on stderr every
+    ``every`` transcripts (default: every 5 %) and at the end, for logs and scripts."""
+
+    def __init__(self, every: int | None) -> None:
+        self.every = every
+        self.bar: Any = None
+        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> _MigrationProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __call__(self, state: Any) -> None:
+        if self.tty:
+            if self.bar is None:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=state.total, unit="transcript", file=sys.stderr)
+            self.bar.update(state.done - self.bar.n)
+            return
+        every = self.every or max(1, state.total // 20)
+        if state.done % every == 0 or state.done == state.total:
+            line = {"done": state.done, "total": state.total, "copied": state.copied}
+            line |= {"skipped": state.skipped, "conflicts": len(state.conflicts)}
+            sys.stderr.write(json.dumps(line | {"bytes": state.bytes}) + "\n")
+            sys.stderr.flush()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 # --- parser ---------------------------------------------------------------------------------
 
 
@@ -184,6 +254,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", parents=[common], help="apply transcript retention now")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser("transcripts", parents=[common], help="the transcript store")
+    transcripts_sub = p.add_subparsers(dest="transcripts_command", required=True)
+    listing = transcripts_sub.add_parser(
+        "list", parents=[common], help="kept transcripts, one JSON line each"
+    )
+    listing.add_argument("--conversation", help="only this conversation's")
+    listing.add_argument("--url", help="this store instead of the configured one")
+    listing.set_defaults(func=cmd_transcripts_list)
+    moving = transcripts_sub.add_parser(
+        "migrate",
+        parents=[common],
+        help="copy every kept transcript to another store (verified; run again to resume)",
+    )
+    moving.add_argument("source", metavar="FROM", help="the store URL to copy from")
+    moving.add_argument("target", metavar="TO", help="the store URL to copy to")
+    moving.add_argument(
+        "--progress-every",
+        type=_positive_int,
+        default=None,
+        help="without a terminal: a JSON progress line every N transcripts (default: 5 %%)",
+    )
+    moving.set_defaults(func=cmd_transcripts_migrate)
 
     from worker.cli_service import add_commands
 
