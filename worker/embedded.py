@@ -58,7 +58,9 @@ class EmbeddedRedis:
         port: int | None = None,
         appendonly: bool = False,
         password: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host  # another address than loopback only for tests' private networks
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="compactor-redis-"))
         self.port = port or free_port()
@@ -69,13 +71,13 @@ class EmbeddedRedis:
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     def start(self, *, timeout_s: float = 10.0) -> str:
         args = [
             redis_server_binary(),
             "--bind",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--dir",
