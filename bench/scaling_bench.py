@@ -3,6 +3,11 @@ throughput of a no-op Celery task on the same Redis in the same run (the floor);
 latency from submit to event; and the cost of re-evaluating a grown conversation.
 
     .venv/bin/python bench/scaling_bench.py [--snapshots 400] [--redis-url URL]
+        [--brokers redis,rabbitmq]
+
+``--brokers``: the rows once per broker, in the same run (the runs interleaved): the task
+messages on the state's Redis, and on RabbitMQ (a vhost of its own on the machine's server,
+``127.0.0.1:5672``, guest/guest; started if it is down), the state in Redis either way.
 
 Each worker process is a ``celery worker --pool solo`` (one process executing tasks). Every
 snapshot is a distinct conversation under its threshold, so each costs one full evaluation
@@ -32,7 +37,7 @@ import redis  # noqa: E402
 
 from worker.celery_app import make_app  # noqa: E402
 from worker.client import Client  # noqa: E402
-from worker.config import Settings, load_settings, with_redis_url  # noqa: E402
+from worker.config import Settings, load_settings, with_broker_url, with_redis_url  # noqa: E402
 from worker.embedded import EmbeddedRedis  # noqa: E402
 from worker.snapshots import parse_snapshot  # noqa: E402
 from worker.tokens import TiktokenTokenizer  # noqa: E402
@@ -125,13 +130,35 @@ def stop(procs: list[Any]) -> None:
         p.wait(timeout=30)
 
 
-def _queue_keys(r: Any, queue: str) -> list[bytes]:
-    """The Redis lists holding ``queue``'s messages (kombu adds one per priority level)."""
-    return [k for k in r.scan_iter(match=f"{queue}*", count=1000) if r.type(k) == b"list"]
+class QueueWatch:
+    """The messages waiting on a queue, cheaply enough to poll every few ms: the Redis lists
+    holding it (kombu adds one per priority level), or a passive declare on RabbitMQ."""
 
+    def __init__(self, r: Any, queue: str, broker: str | None) -> None:
+        self.r, self.queue = r, queue
+        self.lists = [k for k in r.scan_iter(match=f"{queue}*", count=1000) if r.type(k) == b"list"]
+        self.connection: Any = None
+        if broker is not None:
+            from worker.queues import broker_connection
 
-def _queue_length(r: Any, lists: list[bytes]) -> int:
-    return sum(int(r.llen(k)) for k in lists)
+            self.connection = broker_connection(broker)
+            self.channel = self.connection.channel()
+
+    def length(self) -> int:
+        if self.connection is not None:
+            return int(self.channel.queue_declare(queue=self.queue, passive=True).message_count)
+        return sum(int(self.r.llen(k)) for k in self.lists)
+
+    def drained(self) -> bool:
+        """Nothing waiting and nothing delivered unacknowledged (Redis' unacked index; RabbitMQ
+        does not say: there at most one message per worker may still be running)."""
+        if self.connection is not None:
+            return self.length() == 0
+        return self.length() == 0 and not _unacked(self.r)
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.release()
 
 
 # The drain is watched with a few cheap commands every 5 ms: on 2 shared cores a heavier watcher
@@ -163,18 +190,19 @@ def _redis_cpu_s(r: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def _drain_rate(r: Any, queue: str, count: int, start: Any, done: Any) -> Drain:
+def _drain_rate(r: Any, queue: str, count: int, start: Any, done: Any, broker: str | None) -> Drain:
     """The queue is full before the workers start; time from the first message taken to the
     last one done: the workers' own throughput, without submitting or start-up in it."""
-    lists = _queue_keys(r, queue)
+    watch = QueueWatch(r, queue, broker)
     procs = start()
-    while _queue_length(r, lists) >= count:
+    while watch.length() >= count:
         time.sleep(0.001)
     t0, cpu0, redis0 = time.perf_counter(), _cpu_s(procs), _redis_cpu_s(r)
-    while not done(lists):
+    while not done(watch):
         time.sleep(POLL_S)
     elapsed = time.perf_counter() - t0
     cpu1, redis1 = _cpu_s(procs), _redis_cpu_s(r)
+    watch.close()
     stop(procs)
     return Drain(
         per_s=count / elapsed,
@@ -224,13 +252,13 @@ def run_evaluations(
     evaluated = _evaluated(r)
     polls = itertools.count(1)
 
-    def done(_lists: list[bytes]) -> bool:
+    def done(_watch: QueueWatch) -> bool:
         # The counter first (one HGET); every conversation's handled revision once it is reached,
         # and every 20th poll anyway (a rejected or expired snapshot is not counted as evaluated).
         counted = _evaluated(r) >= evaluated + count
         return (counted or next(polls) % 20 == 0) and _all_handled(r, tag, count, 1)
 
-    drain = _drain_rate(r, queue, count, start, done)
+    drain = _drain_rate(r, queue, count, start, done, _broker(env))
     client.close()
     r.close()
     return drain
@@ -248,25 +276,27 @@ def _all_handled(r: Any, tag: str, count: int, revision: int) -> bool:
 def run_noop(
     settings: Settings, env: dict[str, str], logs: Path, workers: int, count: int
 ) -> Drain:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import noop_app
-
-    del settings
     r = redis.Redis.from_url(env["COMPACTOR_REDIS_URL"])
+    sender = make_app(settings)  # bench/noop_app.py's task, on this run's broker
     for i in range(count):
-        noop_app.noop.apply_async(args=[f"n{i}", time.time()], queue="bench.noop")
+        sender.send_task("bench.noop", args=[f"n{i}", time.time()], queue="bench.noop")
+    sender.close()
 
     def start() -> list[Any]:
         return start_workers(
             workers, "noop_app", "bench.noop", {**env, "PYTHONPATH": str(ROOT)}, logs
         )
 
-    def done(lists: list[bytes]) -> bool:
-        return _queue_length(r, lists) == 0 and not _unacked(r)
+    def done(watch: QueueWatch) -> bool:
+        return watch.drained()
 
-    drain = _drain_rate(r, "bench.noop", count, start, done)
+    drain = _drain_rate(r, "bench.noop", count, start, done, _broker(env))
     r.close()
     return drain
+
+
+def _broker(env: dict[str, str]) -> str | None:
+    return env.get("COMPACTOR_BROKER_URL")
 
 
 def _unacked(r: Any) -> int:
@@ -373,27 +403,29 @@ def _parsed(payload: bytes, settings: Settings, earlier: Any, reuse: Any) -> tup
 
 
 def scaling_rows(
-    settings: Settings,
-    env: dict[str, str],
+    brokers: dict[str, tuple[Settings, dict[str, str]]],
     logs: Path,
     size: int,
     count: int,
     repeat: int,
 ) -> None:
-    """Floor, new and growing, measured one after the other ``repeat`` times (interleaved, so
-    that a noisy neighbour hits all three alike); medians printed."""
+    """Floor, new and growing, measured one after the other ``repeat`` times on each broker
+    (interleaved, so that a noisy neighbour hits all of them alike); medians printed."""
     for workers in (1, 2):
-        runs: list[tuple[Drain, Drain, Drain]] = []
+        runs: dict[str, list[tuple[Drain, Drain, Drain]]] = {name: [] for name in brokers}
         for r in range(repeat):
-            floor = run_noop(settings, env, logs, workers, count * 5)
-            tag = f"{size}w{workers}r{r}"
-            new = run_evaluations(settings, env, logs, workers, size, count, f"s{tag}")
-            grown = run_evaluations(
-                settings, env, logs, workers, size, count, f"g{tag}", grown_by=2
-            )
-            runs.append((floor, new, grown))
-
-        _print_row(size, workers, runs)
+            for name, (settings, env) in brokers.items():
+                floor = run_noop(settings, env, logs, workers, count * 5)
+                tag = f"{name}{size}w{workers}r{r}"
+                new = run_evaluations(settings, env, logs, workers, size, count, f"s{tag}")
+                grown = run_evaluations(
+                    settings, env, logs, workers, size, count, f"g{tag}", grown_by=2
+                )
+                runs[name].append((floor, new, grown))
+        for name, rows in runs.items():
+            if len(brokers) > 1:
+                print(f"  broker {name}:", flush=True)
+            _print_row(size, workers, rows)
 
 
 def _print_row(size: int, workers: int, runs: list[tuple[Drain, Drain, Drain]]) -> None:
@@ -430,7 +462,29 @@ def main() -> int:
     )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per row")
+    parser.add_argument(
+        "--brokers", default="redis", help="comma-separated: redis (the state's), rabbitmq"
+    )
     args = parser.parse_args()
+    kinds = args.brokers.split(",")
+    if set(kinds) - {"redis", "rabbitmq"}:
+        raise SystemExit(f"--brokers: redis and/or rabbitmq, not {args.brokers}")
+    vhost = f"compactor-bench-{os.getpid()}"
+    if "rabbitmq" in kinds:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from service_support import ensure_rabbitmq, rabbitmqctl
+
+        ensure_rabbitmq()
+        rabbitmqctl("add_vhost", vhost)
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    try:
+        return _run(args, kinds, vhost)
+    finally:
+        if "rabbitmq" in kinds:
+            rabbitmqctl("delete_vhost", vhost)
+
+
+def _run(args: Any, kinds: list[str], vhost: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         embedded = None
         url = args.redis_url
@@ -444,15 +498,22 @@ def main() -> int:
             "COMPACTOR_TRANSCRIPT_DIR": str(Path(tmp) / "t"),
             "COMPACTOR_CONFIG": "/dev/null",
         }
-        os.environ["COMPACTOR_REDIS_URL"] = url  # bench/noop_app.py reads it when imported
         settings = with_redis_url(load_settings("/dev/null", environ={}), url)
+        brokers = {"redis": (settings, env)}
+        if "rabbitmq" in kinds:
+            amqp = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+            brokers["rabbitmq"] = (
+                with_broker_url(settings, amqp),
+                {**env, "COMPACTOR_BROKER_URL": amqp},
+            )
+        brokers = {name: brokers[name] for name in kinds}
         logs = Path(tmp)
         try:
             sizes = [int(x) for x in args.sizes.split(",")]
             counts = {50: args.snapshots, 500: max(args.snapshots // 5, 20)}
             for size in sizes:
                 count = counts.get(size, args.snapshots)
-                scaling_rows(settings, env, logs, size, count, args.repeat)
+                scaling_rows(brokers, logs, size, count, args.repeat)
             if not args.skip_latency:
                 lat = latency(settings, env, logs, 100)
                 q = statistics.quantiles(lat, n=100)

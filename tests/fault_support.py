@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 
 import pytest
 import redis
-from service_support import OUTCOMES, Workers, conversation
+from service_support import OUTCOMES, Workers, conversation, purge_queues
 
 from worker.celery_app import MAINTENANCE_QUEUE, make_app
 from worker.client import Client
-from worker.config import Settings, load_settings, with_redis_url
+from worker.config import Settings, load_settings, with_broker_url, with_redis_url
 from worker.embedded import EmbeddedRedis
 from worker.errors import StorageError
 from worker.events import CompactionEvent
@@ -123,7 +123,9 @@ def wait_until(
 
 
 class Cluster:
-    """A private Redis (own port and directory), worker subprocesses and a client."""
+    """A private Redis (own port and directory), worker subprocesses and a client. The task
+    messages go through that Redis, or through ``broker`` (a RabbitMQ vhost's URL: the
+    ``broker`` fixture of :mod:`service_support`), purged here."""
 
     def __init__(
         self,
@@ -131,6 +133,7 @@ class Cluster:
         sections: dict[str, dict[str, Any]] | None = None,
         *,
         appendonly: bool = True,
+        broker: str | None = None,
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -148,9 +151,14 @@ class Cluster:
                 DEFAULT_SECTIONS, {"compaction": {"transcript_dir": self.transcripts}}, sections
             ),
         )
-        self.settings: Settings = with_redis_url(load_settings(self.config, environ={}), self.url)
+        self.broker = broker
+        self.settings: Settings = with_broker_url(
+            with_redis_url(load_settings(self.config, environ={}), self.url), broker
+        )
+        if broker:
+            purge_queues(broker)
         self.redis.start()
-        self.workers = Workers(self.url, self.config, self.logs)
+        self.workers = Workers(self.url, self.config, self.logs, broker=broker)
         self.client = Client(self.settings)
         self.raw: redis.Redis = connect(self.url)  # retries: survives our own restarts
         self._app: Any = None
@@ -228,8 +236,9 @@ def make_cluster_fixture(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         *,
         appendonly: bool = True,
         name: str = "cluster",
+        broker: str | None = None,
     ) -> Cluster:
-        cluster = Cluster(tmp_path / name, sections, appendonly=appendonly)
+        cluster = Cluster(tmp_path / name, sections, appendonly=appendonly, broker=broker)
         made.append(cluster)
         return cluster
 

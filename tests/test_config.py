@@ -590,3 +590,53 @@ def test_shown_settings_masks_secrets(tmp_path: Path, monkeypatch: pytest.Monkey
     assert data["llm"]["api_key"] == "set (masked)"
     assert data["llm"]["headers"] == {"X-Api-Key": "***"}
     assert data["conversation"] == {"tools": {}}
+
+
+# --- [broker] -----------------------------------------------------------------------------------
+
+
+def test_the_broker_defaults_to_the_state_redis_and_amqp_selects_rabbitmq() -> None:
+    from worker.celery_app import celery_config
+    from worker.queues import broker_kind, broker_url, state_url
+
+    plain = load_settings(None, environ={"COMPACTOR_REDIS_URL": "redis://state:6379/2"})
+    assert broker_url(plain) == state_url(plain) == "redis://state:6379/2"
+    assert celery_config(plain)["broker_transport"] == "worker.broker:Transport"
+    amqp = "amqp://guest:s3cret@rabbit:5672/compactor"
+    both = load_settings(
+        None, environ={"COMPACTOR_REDIS_URL": "redis://state:6379/2", "COMPACTOR_BROKER_URL": amqp}
+    )
+    assert (broker_url(both), state_url(both)) == (amqp, "redis://state:6379/2")
+    assert broker_kind(amqp) == "rabbitmq" and broker_kind(state_url(both)) == "redis"
+    config = celery_config(both)
+    assert "broker_transport" not in config  # the Redis workaround applies to Redis only
+    assert config["broker_transport_options"] == {"confirm_publish": True}
+    shown = repr(shown_settings(both))
+    assert "s3cret" not in shown and "amqp://guest:***@rabbit:5672/compactor" in shown
+
+
+@pytest.mark.parametrize("url", ["kafka://u:s3cret@host", "sqs://", "rabbit.example:5672"])
+def test_an_unsupported_broker_scheme_is_refused_without_showing_the_url(url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, environ={"COMPACTOR_BROKER_URL": url})
+    assert caught.value.key == "broker.url"
+    assert "unsupported broker scheme" in caught.value.reason
+    assert "s3cret" not in str(caught.value)
+
+
+def test_rabbitmq_consumer_timeout_must_outlast_the_longest_task() -> None:
+    from worker.celery_app import celery_config
+
+    env = {"COMPACTOR_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
+    too_long = load_settings(
+        None, environ=env | {"COMPACTOR_WORKER_SUMMARIZE_TIME_LIMIT_S": "1800"}
+    )
+    with pytest.raises(ConfigError) as caught:
+        celery_config(too_long)
+    assert caught.value.key == "broker.consumer_timeout_s"
+    raised = env | {
+        "COMPACTOR_WORKER_SUMMARIZE_TIME_LIMIT_S": "1800",
+        "COMPACTOR_BROKER_CONSUMER_TIMEOUT_S": "3600",
+        "COMPACTOR_REDIS_VISIBILITY_TIMEOUT_S": "60",  # not used with RabbitMQ: not checked
+    }
+    assert celery_config(load_settings(None, environ=raised))["broker_url"].startswith("amqp://")

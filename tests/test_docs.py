@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from worker import keys
 from worker.config import (
+    BrokerConfig,
     CompactionConfig,
     HttpConfig,
     LLMConfig,
@@ -37,6 +38,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "[conversation.tools.NAME]": ToolConfig,
     "[llm]": LLMConfig,
     "[redis]": RedisConfig,
+    "[broker]": BrokerConfig,
     "[transcripts]": TranscriptRetention,
     "[worker]": WorkerConfig,
     "[http]": HttpConfig,

@@ -29,6 +29,7 @@ from fault_support import (  # noqa: F401 - fixtures
     tagged,
     wait_until,
 )
+from service_support import BROKERS, broker, rabbitmq_server  # noqa: F401 - fixtures
 
 from worker.cli_service import UP_WORKERS
 from worker.testing.standin_llm import StandinLLM
@@ -47,11 +48,14 @@ def reconciled(log: str) -> int:
     )
 
 
-def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster, broker) -> None:  # type: ignore[no-untyped-def]
     """Redis is killed (SIGKILL) and restarted on the same port and directory while snapshots
     are being submitted and summaries are in flight: the client's submissions all succeed, the
     workers reconnect by themselves, and every conversation reaches its outcome with whole
-    transcripts and no duplicate compactions, without the reconciler."""
+    transcripts and no duplicate compactions, without the reconciler. With RabbitMQ as the
+    broker Redis is only the state: the queues and the deliveries in flight stay on RabbitMQ
+    through the restart."""
     with StandinLLM(latency_s=0.3) as llm:
         cluster = make_cluster(
             {
@@ -59,7 +63,8 @@ def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster) -> None:  #
                 "llm": llm_section(llm.openai_base_url, timeout_s=3.0, deadline_s=4.0),
                 "redis": {"visibility_timeout_s": 6, "lock_lease_s": 2.0},
                 "worker": {"summarize_time_limit_s": 5.0, "reconcile_after_s": 60.0},
-            }
+            },
+            broker=broker,
         )
         cluster.workers.start("eval", queues=EVALUATE_QUEUES, concurrency=2)
         cluster.workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=4)

@@ -8,6 +8,7 @@ Each test runs its own Redis (own port and directory, AOF on), worker subprocess
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -26,6 +27,7 @@ from fault_support import (  # noqa: F401 - fixtures
     tagged,
     wait_until,
 )
+from service_support import broker, rabbitmq_server  # noqa: F401 - fixtures
 
 from worker.cli_service import celery_command
 from worker.config import RedisConfig, WorkerConfig
@@ -208,6 +210,63 @@ def test_sigkill_mid_summary_is_recovered_within_a_minute_by_beat(make_cluster) 
         assert workers.procs["beat"].poll() is None, workers.log("beat")[-2000:]
         assert "compactor.reconcile" in workers.log("beat"), "recovered, but not by beat"
         time.sleep(1.0)  # a second re-queue, had there been one, would have run by now
+        done = [e for e in cluster.events(conv) if e.type == "compaction.completed"]
+        assert len(done) == 1, [(e.type, e.revision) for e in cluster.events(conv)]
+        assert len(requests_for(llm.requests, conv)) == 2  # the one killed, the one published
+        check_consistency(cluster, {conv: {1: snap}})
+
+
+def received(log: str, task_id: str) -> bool:
+    """Whether a worker's log shows the task as received."""
+    return f"[{task_id}] received" in log
+
+
+def summaries_received(log: str) -> list[str]:
+    """The ids of the summary tasks a worker's log shows as received, in order."""
+    return re.findall(r"Task compactor\.summarize\[([0-9a-f-]+)\] received", log)
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+def test_sigkill_mid_summary_on_rabbitmq_is_redelivered_when_the_connection_drops(
+    make_cluster, broker
+) -> None:  # type: ignore[no-untyped-def]
+    """With RabbitMQ as the broker, the summary task a SIGKILLed worker held goes back to its
+    queue when the worker's connection drops: the next worker receives that very task (same id)
+    and publishes the compaction. Nothing else could have recovered it within the wait: the
+    visibility timeout is an hour (and RabbitMQ has none), the reconciler's threshold an hour
+    and no beat runs, so the agent submits nothing more."""
+    hour = 3600
+    with StandinLLM(latency_s=KILL_LATENCY_S) as llm:
+        cluster = make_cluster(
+            {
+                "compaction": {"mode": "remote_only"},
+                "llm": llm_section(llm.openai_base_url, timeout_s=3.0, deadline_s=3.5),
+                "redis": {"visibility_timeout_s": hour, "lock_lease_s": 2.0},
+                "worker": {"summarize_time_limit_s": 60.0, "reconcile_after_s": float(hour)},
+            },
+            broker=broker,
+        )
+        workers = cluster.workers
+        workers.start("eval", queues=EVALUATE_QUEUES)
+        workers.start("sum1", queues=SUMMARIZE_QUEUE, concurrency=2)
+        conv = "c-redeliver"
+        snap = tagged(conv, 1)
+        llm.hold()  # the summary waits for its answer: the kill lands mid-summary
+        cluster.client.submit(snap)
+        wait_until(lambda: llm.stats()["in_flight"] > 0, timeout_s=60, what="a summary to kill")
+        [task_id] = summaries_received(workers.log("sum1"))
+        workers.stop("sum1", sig=signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert cluster.outcome(conv, 1) is None
+        llm.release()
+        workers.start("sum2", queues=SUMMARIZE_QUEUE, concurrency=2)
+
+        outcome = cluster.wait_outcome(conv, 1, timeout_s=120)
+        print(f"RabbitMQ: SIGKILL -> compaction.completed: {time.monotonic() - killed_at:.1f}s")
+        assert outcome.type == "compaction.completed", outcome
+        assert received(workers.log("sum2"), task_id), "not the killed worker's task, redelivered"
+        assert "Task compactor.reconcile[" not in workers.log("eval"), "recovered by the reconciler"
+        time.sleep(1.0)
         done = [e for e in cluster.events(conv) if e.type == "compaction.completed"]
         assert len(done) == 1, [(e.type, e.revision) for e in cluster.events(conv)]
         assert len(requests_for(llm.requests, conv)) == 2  # the one killed, the one published

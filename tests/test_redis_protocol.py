@@ -17,7 +17,9 @@ import pytest
 import redis
 from jsonschema import Draft202012Validator
 from service_support import (  # noqa: F401 - fixtures: a real Redis and real workers
+    broker,
     conversation,
+    rabbitmq_server,
     redis_server,
     redis_url,
     service_env,

@@ -1,4 +1,6 @@
-"""End to end through a real Redis and real Celery worker processes (no eager mode)."""
+"""End to end through a real Redis and real Celery worker processes (no eager mode); the tests
+marked ``ON_BOTH_BROKERS`` run twice: task messages on Redis, then on RabbitMQ (the state in
+Redis either way)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from pathlib import Path
 import pytest
 import redis
 from service_support import (  # noqa: F401 - fixtures
+    BROKERS,
+    broker,
     client_for,
     conversation,
+    rabbitmq_server,
     redis_server,
     redis_url,
     service_env,
@@ -22,13 +27,16 @@ from service_support import (  # noqa: F401 - fixtures
 from worker.client import EventMismatch, apply_compaction
 from worker.config import Settings, load_settings
 from worker.pipeline import evaluate, tokenizer_of, tokens_of
+from worker.queues import EVALUATE_QUEUE, broker_connection
 from worker.reuse import Reuse
 from worker.snapshots import parse_snapshot
 from worker.tokens import tokenizer_for
 
 pytestmark = pytest.mark.slow
+ON_BOTH_BROKERS = pytest.mark.parametrize("broker", BROKERS, indirect=True)
 
 
+@ON_BOTH_BROKERS
 def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> None:  # type: ignore[no-untyped-def]
     _, make = service_env
     workers = make()
@@ -123,6 +131,7 @@ def test_invalid_snapshot_through_the_broker_is_rejected(service_env) -> None:  
     assert not transcripts.exists() or not any(transcripts.rglob("*.json"))
 
 
+@ON_BOTH_BROKERS
 def test_broker_message_is_small_whatever_the_snapshot_size(service_env) -> None:  # type: ignore[no-untyped-def]
     _, make = service_env
     workers = make()  # not started: the message stays in the queue for inspection
@@ -130,11 +139,24 @@ def test_broker_message_is_small_whatever_the_snapshot_size(service_env) -> None
     big = conversation("c-big", 40, body=20_000)
     assert len(json.dumps(big)) > 5_000_000
     client.submit(big)
-    r = redis.Redis.from_url(workers.url)
-    messages = [m for key in r.scan_iter(match="compactor.evaluate*") for m in r.lrange(key, 0, -1)]
+    if workers.broker is None:  # kombu's Redis transport: a list per queue (and priority)
+        r = redis.Redis.from_url(workers.url)
+        messages = [
+            m for key in r.scan_iter(match="compactor.evaluate*") for m in r.lrange(key, 0, -1)
+        ]
+    else:  # RabbitMQ: the body and headers of what waits on the queue
+        with broker_connection(workers.broker) as connection:
+            channel = connection.channel()
+            message = channel.basic_get(EVALUATE_QUEUE, no_ack=False)
+            assert message is not None and channel.basic_get(EVALUATE_QUEUE) is None
+            body = message.body  # text or bytes, as the transport hands it over
+            body = body if isinstance(body, bytes) else body.encode()
+            messages = [body + json.dumps(message.headers).encode()]
     assert len(messages) == 1 and len(messages[0]) < 2048
+    client.close()
 
 
+@ON_BOTH_BROKERS
 def test_a_burst_of_submissions_coalesces(service_env) -> None:  # type: ignore[no-untyped-def]
     _, make = service_env
     workers = make()
@@ -151,6 +173,7 @@ def test_a_burst_of_submissions_coalesces(service_env) -> None:  # type: ignore[
     assert events[-1].revision == 99
 
 
+@ON_BOTH_BROKERS
 def test_submissions_waiting_in_the_queue_are_evaluated_once_for_the_latest(service_env) -> None:  # type: ignore[no-untyped-def]
     """How many of a running burst coalesce depends on how fast evaluations are; submissions
     that arrive while the conversation waits in the queue always do."""
@@ -215,6 +238,7 @@ def test_llm_summary_through_the_worker(service_env) -> None:  # type: ignore[no
         assert "src/pkg/mod_0.py" in llm.requests[0].user_text
 
 
+@ON_BOTH_BROKERS
 def test_two_workers_never_compact_one_conversation_at_once(service_env) -> None:  # type: ignore[no-untyped-def]
     from worker.testing.standin_llm import StandinLLM
 

@@ -7,7 +7,16 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from service_support import redis_server, redis_url, service_env  # noqa: F401 - fixtures
+from service_support import (  # noqa: F401 - fixtures
+    BROKERS,
+    broker,
+    client_for,
+    conversation,
+    rabbitmq_server,
+    redis_server,
+    redis_url,
+    service_env,
+)
 
 from worker.cli_service import classify_workers
 
@@ -20,19 +29,34 @@ ALL = "compactor.evaluate,compactor.summarize,compactor.maintenance"
 
 
 def status(run_cli: CliRunner, workers: Any) -> tuple[int, dict[str, Any], str]:
-    result = run_cli("status", "--config", workers.config, env={"COMPACTOR_REDIS_URL": workers.url})
+    env = {"COMPACTOR_REDIS_URL": workers.url}
+    if workers.broker:
+        env["COMPACTOR_BROKER_URL"] = workers.broker
+    result = run_cli("status", "--config", workers.config, env=env)
     assert "Traceback" not in result.stderr, result.stderr
-    return result.code, json.loads(result.stdout), result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["broker_kind"] == ("rabbitmq" if workers.broker else "redis")
+    assert "guest:guest" not in result.stdout  # the broker's password is masked
+    return result.code, doc, result.stderr
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_status_names_the_kinds_that_answer_and_fails_when_one_is_missing(
     service_env, run_cli: CliRunner
 ) -> None:  # type: ignore[no-untyped-def]
     _, make = service_env
     workers = make()
 
+    client = client_for(workers)
+    client.submit(conversation("c-status", 2, window=100_000))  # waits: no worker yet
+    client.close()
     code, doc, err = status(run_cli, workers)
     assert code == 1 and doc["workers"] == []
+    assert doc["queues"] == {
+        "compactor.evaluate": 1,
+        "compactor.summarize": 0,
+        "compactor.maintenance": 0,
+    }
     assert doc["missing_kinds"] == ["evaluate", "summarize"]
     assert "evaluate, summarize" in json.loads(err.strip().splitlines()[-1])["error"]
 

@@ -7,13 +7,19 @@ Queues: ``compactor.evaluate`` (fast: parse, project, count, decide), ``compacto
 Reliability settings, and why:
 - ``task_acks_late`` + ``task_reject_on_worker_lost``: a task is acknowledged after it ran; if
   the worker dies mid-task the message is redelivered (every effect is idempotent).
-- ``visibility_timeout`` (``[redis] visibility_timeout_s``) outlasts the longest compaction
-  (``[worker] summarize_time_limit_s``), or a slow task would be delivered twice while running.
+- Redis as the broker: ``visibility_timeout`` (``[redis] visibility_timeout_s``) outlasts the
+  longest compaction (``[worker] summarize_time_limit_s``), or a slow task would be delivered
+  twice while running; a dead worker's task waits that long to be redelivered.
+- RabbitMQ as the broker (``[broker] url = "amqp://..."``): an unacknowledged delivery goes
+  back to its queue as soon as the consumer's channel closes, so a SIGKILLed worker's task is
+  redelivered at once; the server's ``consumer_timeout`` (``[broker] consumer_timeout_s``)
+  must outlast the longest task. Classic durable queues, persistent messages, publisher
+  confirms (``rabbitmq_transport`` says why not quorum queues).
 - ``worker_prefetch_multiplier = 1``: a worker holds at most one extra message per slot, so a
   crash strands little and a slow worker does not hoard work.
 - ``accept_content = ["json"]``: pickle (and every other serializer) is refused.
-- ``broker_transport``: kombu's Redis transport with a workaround (:mod:`worker.broker`) for a
-  kombu bug that made a busy worker exit when Redis restarted.
+- ``broker_transport`` (Redis only): kombu's Redis transport with a workaround
+  (:mod:`worker.broker`) for a kombu bug that made a busy worker exit when Redis restarted.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from worker.queues import (
     RECONCILE_TASK,
     SUMMARIZE_QUEUE,
     SUMMARIZE_TASK,
+    broker_kind,
     broker_ssl,
+    broker_transport_options,
     broker_url,
 )
 
@@ -53,26 +61,69 @@ __all__ = [
 ]
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
-    w = settings.worker
-    if settings.redis.visibility_timeout_s <= w.summarize_time_limit_s:
+# The longest a delivery stays unacknowledged beyond its time limit: a summary rescheduled for
+# when a lease lapses (``redis.lock_lease_s``) or a retry's backoff (30 s at most) is held by
+# the worker, unacknowledged, until it is due.
+HELD_BEYOND_LIMIT_S = 60
+
+
+def redis_transport(settings: Settings) -> dict[str, Any]:
+    """Redis as the broker: the transport with a workaround, and when it redelivers."""
+    if settings.redis.visibility_timeout_s <= settings.worker.summarize_time_limit_s:
         raise ConfigError(
             "redis.visibility_timeout_s",
             "must be longer than worker.summarize_time_limit_s, or running "
             "compactions are delivered twice",
         )
-    url = broker_url(settings)
-    transport: dict[str, Any] = {
+    options = {
         "visibility_timeout": settings.redis.visibility_timeout_s,
         # Sweep for messages of dead workers every 10 s (kombu's default is every 100 s);
         # only messages unacknowledged for longer than the visibility timeout are restored.
         "unacked_restore_interval": 10,
         "unacked_restore_throttle": 1,
     }
+    return {"broker_transport": BROKER_TRANSPORT, "broker_transport_options": options}
+
+
+def rabbitmq_transport(settings: Settings, url: str) -> dict[str, Any]:
+    """RabbitMQ as the broker: kombu's py-amqp transport (chosen by the URL's scheme).
+
+    Redelivery: a delivery not yet acknowledged (``task_acks_late``) is requeued by the server
+    when the channel it went out on closes: a worker that dies loses its connection, so its
+    tasks are back on their queue within moments, not after a visibility timeout. The server
+    also closes a channel whose delivery stayed unacknowledged past its ``consumer_timeout``,
+    which would run a long task twice: the longest task must fit.
+
+    Classic queues: the queues are declared as Celery and the client always declared them
+    (durable, no ``x-queue-type``), i.e. RabbitMQ's classic queues, with global QoS. Quorum
+    queues replicate a queue over a RabbitMQ cluster, but they refuse global QoS, and Celery
+    then runs countdowns (a summary rescheduled for when a lease lapses, retry backoffs)
+    through its "native delayed delivery" exchanges instead of holding the message. Losing a
+    queued message costs little here: the conversation's state is in Redis and the reconciler
+    re-queues whatever waits without a message.
+    """
+    longest = max(settings.worker.summarize_time_limit_s, settings.worker.evaluate_time_limit_s)
+    if settings.broker.consumer_timeout_s <= longest + HELD_BEYOND_LIMIT_S:
+        raise ConfigError(
+            "broker.consumer_timeout_s",
+            f"must be longer than worker.summarize_time_limit_s + {HELD_BEYOND_LIMIT_S} s, or "
+            "RabbitMQ closes the channel of a running compaction and it runs twice (raise the "
+            "server's consumer_timeout as well)",
+        )
+    return {"broker_transport_options": broker_transport_options(url)}
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    w = settings.worker
+    url = broker_url(settings)
+    transport = (
+        rabbitmq_transport(settings, url)
+        if broker_kind(url) == "rabbitmq"
+        else redis_transport(settings)
+    )
     config: dict[str, Any] = {
         "broker_url": url,
-        "broker_transport": BROKER_TRANSPORT,  # kombu's redis transport, with one workaround
-        "broker_transport_options": transport,
+        **transport,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
         "task_serializer": "json",

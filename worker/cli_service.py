@@ -317,11 +317,12 @@ def running_services(
 def broker_errors(action: str) -> Iterator[None]:
     """Kombu raises redis-py's errors wrapped in its OperationalError (a refused password too):
     converted here, where they enter, into the error tree the same way as every other Redis
-    error (worker.redis_state.redis_errors)."""
+    error (worker.redis_state.redis_errors); RabbitMQ's (py-amqp's) as the client's sender
+    converts them (worker.queues.converted_broker_error)."""
     import redis
     from kombu.exceptions import OperationalError
 
-    from worker.errors import RedisUnavailable
+    from worker.queues import converted_broker_error
     from worker.redis_state import redis_errors
 
     with redis_errors(action):
@@ -331,9 +332,7 @@ def broker_errors(action: str) -> Iterator[None]:
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, redis.exceptions.RedisError):
                 raise cause from None  # converted by redis_errors
-            raise RedisUnavailable(
-                f"broker unavailable while {action}: {type(exc).__name__}"
-            ) from None
+            raise converted_broker_error(cause or exc, action) from None
 
 
 def ping(app: Any, *, timeout_s: float) -> list[dict[str, Any]]:
@@ -469,14 +468,16 @@ def classify_workers(active_queues: dict[str, list[dict[str, Any]]]) -> dict[str
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from worker.celery_app import QUEUES, broker_url, make_app
+    from worker.celery_app import QUEUES, make_app
+    from worker.queues import broker_kind, broker_url, queue_lengths, state_url
     from worker.redis_state import RedisState, connect
 
     settings = _settings(args)
-    state = RedisState(connect(broker_url(settings)), settings.redis)
+    state = RedisState(connect(state_url(settings)), settings.redis)
     app = make_app(settings)
     try:
-        queues = {q: _queue_length(state, q) for q in QUEUES}
+        counters = state.counters()  # first: Redis' refusal of a password names redis.url
+        queues = queue_lengths(broker_url(settings))
         active = active_queues(app, timeout_s=1.0)
         kinds = classify_workers(active)
         consumed = {
@@ -484,13 +485,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
         missing = sorted(kind for kind, nodes in kinds.items() if not nodes)
         doc = {
-            "redis": mask_url(broker_url(settings)),
+            "redis": mask_url(state_url(settings)),
+            "broker": mask_url(broker_url(settings)),
+            "broker_kind": broker_kind(broker_url(settings)),
             "queues": queues,
             "workers": sorted(active),
             "kinds": kinds,
             "missing_kinds": missing,
             "queues_without_consumer": [q for q in QUEUES if q not in consumed],
-            "counters": state.counters(),
+            "counters": counters,
             "recent_events": [
                 {k: e.get(k) for k in ("type", "conversation_id", "revision", "created_at")}
                 for e in state.recent_events(args.recent)
@@ -509,18 +512,6 @@ def cmd_status(args: argparse.Namespace) -> int:
         state.client.close()
 
 
-def _queue_length(state: Any, queue: str) -> int:
-    """Kombu's Redis transport keeps a queue as a list per priority step."""
-    from worker.redis_state import redis_errors
-
-    total = 0
-    with redis_errors("reading queue lengths"):
-        for key in state.client.scan_iter(match=f"{queue}*", count=100):
-            if state.client.type(key) == b"list":
-                total += state.client.llen(key)
-    return total
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from worker.api.server import serve
@@ -534,15 +525,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from worker.celery_app import QUEUES, broker_url
     from worker.metrics import render_prometheus, serve
+    from worker.queues import broker_url, queue_lengths, state_url
     from worker.redis_state import RedisState, connect
 
     settings = _settings(args)
-    state = RedisState(connect(broker_url(settings)), settings.redis)
+    state = RedisState(connect(state_url(settings)), settings.redis)
 
     def render() -> str:
-        return render_prometheus(state.counters(), {q: _queue_length(state, q) for q in QUEUES})
+        return render_prometheus(state.counters(), queue_lengths(broker_url(settings)))
 
     if args.serve is None:
         sys.stdout.write(render())

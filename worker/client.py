@@ -37,7 +37,7 @@ from worker.history import apply_compaction
 from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE, MAX_REVISION, WireFormat
 from worker.projection import CompressionCache, ProjectionPolicy
 from worker.projection import project as project_messages
-from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
+from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url, state_url
 from worker.redis_state import RedisState, SubmitResult, connect
 from worker.snapshots import decode_json, encode_json, media_rules
 from worker.transcripts import TranscriptStore, open_store
@@ -102,9 +102,9 @@ class Client:
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or load_settings()
-        self._url = broker_url(self.settings)
+        self._url = state_url(self.settings)
         self.state = RedisState(connect(self._url), self.settings.redis)
-        self._sender = TaskSender(self._url)
+        self._sender = TaskSender(broker_url(self.settings))
         self._submit_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._store: TranscriptStore | None = None
 

@@ -161,6 +161,37 @@ class RedisConfig(_Strict):
     _none_ok = field_validator("url", mode="before")(_none_word)
 
 
+BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps")
+
+
+class BrokerConfig(_Strict):
+    """``[broker]``: where Celery's task messages travel. Unset, they go through the Redis of
+    ``[redis] url`` (one server for everything); ``amqp://`` / ``amqps://`` selects RabbitMQ,
+    while the state (claim checks, locks, events, memos) stays in Redis. ``url`` may carry a
+    password; it is masked whenever shown."""
+
+    url: SecretStr | None = None
+    # RabbitMQ closes a channel whose delivery stays unacknowledged longer than its
+    # consumer_timeout (rabbitmq.conf; 30 min by default), and the task runs twice: say what
+    # the server's is, and start-up checks that the longest task fits in it.
+    consumer_timeout_s: int = Field(default=1800, ge=60)
+
+    _none_ok = field_validator("url", mode="before")(_none_word)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: SecretStr | None) -> SecretStr | None:
+        if url is not None:
+            scheme = url.get_secret_value().partition("://")[0].lower()
+            if scheme not in BROKER_SCHEMES:
+                # Only the scheme is named: the rest of the URL may hold a password.
+                raise ValueError(
+                    f"unsupported broker scheme {scheme!r}: use one of "
+                    + ", ".join(f"{s}://" for s in BROKER_SCHEMES)
+                )
+        return url
+
+
 class TranscriptRetention(_Strict):
     """``[transcripts]``: the store (``url``; none: files under ``compaction.transcript_dir``)
     and retention beyond ``max_persisted_transcripts``. ``url`` may carry a password; it is
@@ -242,6 +273,7 @@ class Settings(_Strict):
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
     llm: LLMConfig = Field(default_factory=LLMConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
     transcripts: TranscriptRetention = Field(default_factory=TranscriptRetention)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
@@ -285,6 +317,8 @@ def _config_error(exc: ValidationError, prefix: str) -> ConfigError:
     reason = first["msg"]
     if first["type"] == "extra_forbidden":
         reason = "unknown key"
+    elif first["type"] == "value_error":  # a validator's own message: without pydantic's prefix
+        reason = reason.removeprefix("Value error, ")
     return ConfigError(key, reason)
 
 
@@ -292,6 +326,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "compaction": CompactionConfig,
     "llm": LLMConfig,
     "redis": RedisConfig,
+    "broker": BrokerConfig,
     "transcripts": TranscriptRetention,
     "worker": WorkerConfig,
     "http": HttpConfig,
@@ -392,8 +427,14 @@ def mask_url(url: str | None) -> str | None:
 
 
 def redis_url(settings: Settings) -> str | None:
-    """The broker URL (``[redis] url`` or ``COMPACTOR_REDIS_URL``), or None for embedded mode."""
+    """The Redis of the state (``[redis] url`` or ``COMPACTOR_REDIS_URL``), and of the task
+    messages unless ``[broker] url`` is set; None for embedded mode."""
     return settings.redis.url.get_secret_value() if settings.redis.url else None
+
+
+def configured_broker_url(settings: Settings) -> str | None:
+    """``[broker] url`` (or ``COMPACTOR_BROKER_URL``) when set; None: the Redis of the state."""
+    return settings.broker.url.get_secret_value() if settings.broker.url else None
 
 
 def shown_settings(settings: Settings) -> dict[str, Any]:
@@ -404,6 +445,7 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
     data["transcripts"]["url"] = mask_url(
         transcripts_url.get_secret_value() if transcripts_url else None
     )
+    data["broker"]["url"] = mask_url(configured_broker_url(settings))
     data["llm"]["base_url"] = mask_url(settings.llm.base_url)
     data["llm"]["headers"] = {k: "***" for k in settings.llm.headers}
     data["proxy"]["openai_base_url"] = mask_url(settings.proxy.openai_base_url)
@@ -419,3 +461,11 @@ def with_redis_url(settings: Settings, url: str) -> Settings:
     """These settings pointed at another Redis (an embedded one, say)."""
     redis_cfg = settings.redis.model_copy(update={"url": SecretStr(url)})
     return settings.model_copy(update={"redis": redis_cfg})
+
+
+def with_broker_url(settings: Settings, url: str | None) -> Settings:
+    """These settings with their task messages on another broker (None: the state's Redis)."""
+    broker_cfg = BrokerConfig.model_validate(
+        settings.broker.model_dump() | {"url": SecretStr(url) if url else None}
+    )
+    return settings.model_copy(update={"broker": broker_cfg})

@@ -4,19 +4,25 @@ The workers are Celery workers; what they consume are Celery task messages (prot
 plain queues. An agent process only ever sends one kind, "evaluate this conversation", so the
 client builds that message itself with kombu (the messaging library Celery is built on) and
 never imports Celery. docs/redis-protocol.md describes the message for other languages.
+
+The broker is Redis (the state's, unless ``[broker] url`` names another) or RabbitMQ
+(``amqp://``, through kombu's py-amqp transport); the state is always in Redis
+(:func:`state_url`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
 import threading
 import uuid
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Literal
 
-from worker.config import Settings, redis_url
-from worker.errors import RedisUnavailable
+from worker.config import Settings, configured_broker_url, redis_url
+from worker.errors import ConfigError, RedisUnavailable
 
 __all__ = [
     "EVALUATE_QUEUE",
@@ -25,8 +31,12 @@ __all__ = [
     "QUEUES",
     "SUMMARIZE_QUEUE",
     "SUMMARIZE_TASK",
+    "BrokerKind",
     "TaskSender",
+    "broker_kind",
     "broker_url",
+    "queue_lengths",
+    "state_url",
     "task_message",
 ]
 
@@ -40,17 +50,98 @@ SUMMARIZE_TASK = "compactor.summarize"
 PRUNE_TASK = "compactor.prune"
 RECONCILE_TASK = "compactor.reconcile"
 
-DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+DEFAULT_BROKER = DEFAULT_REDIS
+
+BrokerKind = Literal["redis", "rabbitmq"]
+
+
+def state_url(settings: Settings) -> str:
+    """The Redis that holds the state (claim checks, locks, events, memos): ``[redis] url``."""
+    return redis_url(settings) or DEFAULT_REDIS
 
 
 def broker_url(settings: Settings) -> str:
-    return redis_url(settings) or DEFAULT_BROKER
+    """Where task messages travel: ``[broker] url``, else the state's Redis."""
+    return configured_broker_url(settings) or state_url(settings)
+
+
+def broker_kind(url: str) -> BrokerKind:
+    return "rabbitmq" if url.lower().startswith(("amqp://", "amqps://")) else "redis"
 
 
 def broker_ssl(url: str) -> dict[str, Any] | None:
-    """TLS: certificate checks on by default; ``?ssl_cert_reqs=...`` in the URL may relax
-    them."""
-    return {"ssl_cert_reqs": ssl.CERT_REQUIRED} if url.startswith("rediss://") else None
+    """TLS, with certificate checks on. Redis: ``?ssl_cert_reqs=...`` in the URL may relax
+    them. RabbitMQ: the system's CA certificates and the host name are checked (py-amqp's
+    ``context`` form: :func:`ssl.create_default_context`)."""
+    lowered = url.lower()
+    if lowered.startswith("rediss://"):
+        return {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    if lowered.startswith("amqps://"):
+        host = url.partition("://")[2].rpartition("@")[2].split("/")[0].rsplit(":", 1)[0]
+        return {"context": {"check_hostname": True}, "server_hostname": host.strip("[]")}
+    return None
+
+
+def broker_transport_options(url: str) -> dict[str, Any]:
+    """RabbitMQ: publisher confirms, so a send returns only once the broker has taken the
+    message (Redis' LPUSH is answered the same way), as ``submit``'s promise needs."""
+    return {"confirm_publish": True} if broker_kind(url) == "rabbitmq" else {}
+
+
+def broker_errors(connection: Any) -> tuple[type[BaseException], ...]:
+    """What a kombu connection raises when the broker cannot be used: its connection errors,
+    MessageNacked (RabbitMQ refused a confirmed publish; "recoverable") and py-amqp's
+    AccessRefused (a refused login or vhost: a channel error to kombu)."""
+    from amqp.exceptions import AccessRefused  # py-amqp: kombu's own dependency
+
+    return (
+        *connection.connection_errors,
+        *connection.recoverable_connection_errors,
+        AccessRefused,
+    )
+
+
+def broker_connection(url: str) -> Any:
+    """A kombu connection to the broker (not yet connected), TLS and options as above."""
+    import kombu
+
+    connection: Any = kombu  # kombu's annotations are partial
+    return connection.Connection(
+        url, ssl=broker_ssl(url) or False, transport_options=broker_transport_options(url)
+    )
+
+
+def converted_broker_error(exc: BaseException, action: str) -> Exception:
+    """A broker's connection error in the error tree: refused credentials are the
+    configuration's fault (``broker.url``: the state's Redis refuses them before the broker is
+    asked, when both are one); anything else may pass."""
+    if type(exc).__name__ in ("AccessRefused", "NotAllowed", "AuthenticationError"):
+        return ConfigError("broker.url", "the broker refused the credentials (user or vhost)")
+    return RedisUnavailable(f"broker unavailable while {action}: {type(exc).__name__}")
+
+
+def queue_lengths(url: str, queues: Iterable[str] = QUEUES) -> dict[str, int]:
+    """The messages waiting on each queue, as the broker counts them (a passive declare: a
+    queue nobody declared yet holds nothing). Any broker kombu speaks; a channel per queue,
+    since RabbitMQ closes the channel on which a passive declare found no queue."""
+    connection = broker_connection(url)
+    try:
+        lengths = {}
+        for name in queues:
+            channel = connection.channel()
+            try:
+                lengths[name] = int(channel.queue_declare(queue=name, passive=True).message_count)
+            except connection.channel_errors:
+                lengths[name] = 0
+            finally:
+                with contextlib.suppress(*connection.channel_errors):
+                    channel.close()
+        return lengths
+    except broker_errors(connection) as exc:
+        raise converted_broker_error(exc, "reading queue lengths") from None
+    finally:
+        connection.release()
 
 
 def task_message(task: str, args: list[Any]) -> tuple[list[Any], dict[str, Any], str]:
@@ -87,7 +178,8 @@ class TaskSender:
         import kombu
 
         self._kombu: Any = kombu  # kombu's annotations are partial
-        self._connection: Any = self._kombu.Connection(url, ssl=broker_ssl(url) or False)
+        self._connection: Any = broker_connection(url)
+        self._errors = broker_errors(self._connection)
         self._max_retries = max_retries
         self._lock = threading.Lock()
         self._producer: Any = None
@@ -113,11 +205,9 @@ class TaskSender:
                     correlation_id=task_id,
                     delivery_mode=2,
                 )
-            except self._connection.recoverable_connection_errors as exc:
+            except self._errors as exc:
                 self._producer = None
-                raise RedisUnavailable(
-                    f"broker unavailable while sending a task: {type(exc).__name__}"
-                ) from None
+                raise converted_broker_error(exc, "sending a task") from None
         return task_id
 
     def _queue(self, name: str) -> Any:

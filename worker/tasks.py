@@ -16,7 +16,7 @@ from worker.celery_app import app
 from worker.config import Settings
 from worker.errors import RedisUnavailable
 from worker.pipeline import Adapters, Pipeline
-from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE, broker_url
+from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE, state_url
 from worker.redis_state import RedisState, connect
 from worker.reuse import Reuse
 from worker.service import Service
@@ -43,7 +43,7 @@ def service() -> Service:
 def _build(settings: Settings) -> Service:
     from worker.summarize_factory import llm_summarizer
 
-    state = RedisState(connect(broker_url(settings)), settings.redis)
+    state = RedisState(connect(state_url(settings)), settings.redis)
     adapters = Adapters(store=open_store(settings), llm=llm_summarizer(settings))
     reuse = Reuse(conversation_cache_bytes=int(settings.worker.conversation_cache_mb * 2**20))
     return Service(

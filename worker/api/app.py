@@ -46,7 +46,7 @@ from worker.errors import (
 )
 from worker.events import CompletedEvent, parse_event
 from worker.history import apply_compaction
-from worker.queues import broker_url
+from worker.queues import state_url
 from worker.snapshots import decode_json
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class Api:
     def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.keys: ApiKeys = load_api_keys(settings, os.environ if environ is None else environ)
-        self.url = broker_url(settings)
+        self.url = state_url(settings)
         self.client = Client(settings)
         self.aredis: Any = redis.asyncio.Redis.from_url(
             self.url,
@@ -448,15 +448,14 @@ async def _check_ready(api: Api) -> tuple[int, dict[str, Any]]:
 
 
 async def metrics(request: Request) -> Response:
-    from worker.celery_app import QUEUES
-    from worker.cli_service import _queue_length
     from worker.metrics import render_prometheus
+    from worker.queues import broker_url, queue_lengths
 
     api = _api(request)
     state = api.client.state
 
     def render() -> str:
-        return render_prometheus(state.counters(), {q: _queue_length(state, q) for q in QUEUES})
+        return render_prometheus(state.counters(), queue_lengths(broker_url(api.settings)))
 
     text = await anyio.to_thread.run_sync(render)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
