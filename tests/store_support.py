@@ -3,8 +3,10 @@
 ``store_url`` (a fixture) is a fresh, empty store of each kind in :data:`STORE_KINDS`, as the
 URL ``[transcripts] url`` takes; ``store`` is that store opened. To run every per-store test
 against another kind, add its name to :data:`STORE_KINDS` and a branch to :func:`fresh_store_url`
-that returns an empty store's URL (e.g. ``"postgresql"``: a fresh database or schema on the
-PostgreSQL at 127.0.0.1:5432).
+that returns an empty store's URL.
+
+PostgreSQL is the machine's (``$COMPACTOR_TEST_POSTGRES_URL``, else 127.0.0.1:5432 as
+``postgres``): one database per test session, created and dropped here, and a table per test.
 
 The S3-compatible server is moto's (``moto[server]``), one process per test session on a free
 port. moto checks ``If-None-Match: *`` and then stores, without a lock, so two concurrent
@@ -32,7 +34,11 @@ import pytest
 from worker.transcripts import TranscriptStore, open_store
 
 #: The stores every per-store test runs against ("postgresql" joins here with its branch below).
-STORE_KINDS = ["file", "s3"]
+STORE_KINDS = ["file", "s3", "postgresql"]
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "COMPACTOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 
 #: What the tests' S3 clients use (and the workers they start inherit): moto accepts any key.
 S3_ENVIRONMENT = {
@@ -143,6 +149,26 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory, s3_environment: None) ->
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A database of this session's own on the machine's PostgreSQL; its URL, with a password
+    that trust auth ignores (so tests can check it never shows). Skips where none answers."""
+    psycopg = pytest.importorskip("psycopg", reason="needs the postgres extra")
+    try:
+        conn = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        pytest.skip(f"no PostgreSQL at {POSTGRES_ADMIN_URL.rsplit('@', 1)[-1]}: {exc}")
+    name = f"compactor_test_{uuid.uuid4().hex[:8]}"
+    conn.execute(f"CREATE DATABASE {name}")
+    base = POSTGRES_ADMIN_URL.partition("?")[0].rsplit("/", 1)[0]
+    url = f"{base}/{name}".replace("://postgres@", "://postgres:hunter2@", 1)
+    try:
+        yield url
+    finally:
+        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        conn.close()
+
+
 def fresh_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of a new, empty store of ``kind``."""
     if kind == "file":
@@ -150,6 +176,9 @@ def fresh_store_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
     if kind == "s3":
         server: S3Server = request.getfixturevalue("s3_server")
         return server.url(server.new_bucket())
+    if kind == "postgresql":
+        database: str = request.getfixturevalue("postgres_database")
+        return f"{database}?table=t_{uuid.uuid4().hex[:8]}"
     raise ValueError(f"no test store of kind {kind!r}")
 
 

@@ -40,7 +40,12 @@ from fault_support import (  # noqa: F401 - fixtures
     write_config,
 )
 from service_support import REPO_ROOT
-from store_support import s3_environment, s3_server, store_url  # noqa: F401 - fixtures
+from store_support import (  # noqa: F401 - fixtures
+    postgres_database,
+    s3_environment,
+    s3_server,
+    store_url,
+)
 
 from worker.events import CompactionEvent
 from worker.stores.filesystem import FileStore

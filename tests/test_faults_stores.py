@@ -29,6 +29,7 @@ from fault_support import (  # noqa: F401 - fixtures
 from store_support import (  # noqa: F401 - fixtures
     S3_ENVIRONMENT,
     S3Server,
+    postgres_database,
     s3_environment,
     s3_server,
     store_url,

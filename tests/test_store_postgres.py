@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from fault_support import ALL_QUEUES, Cluster, tagged, wait_until
 from service_support import REPO_ROOT
+from store_support import postgres_database  # noqa: F401 - fixture
 
 from worker.config import Settings
 from worker.errors import ConfigError, StorageError, TranscriptConflict
@@ -66,21 +67,9 @@ def with_database(url: str, database: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def database() -> Iterator[str]:
-    """A database of this run's own; its URL (as the admin user, with a password that trust
-    auth ignores, so the tests can check it never shows)."""
-    try:
-        conn = admin()
-    except psycopg.Error as exc:
-        pytest.skip(f"no PostgreSQL at {ADMIN_URL.rsplit('@', 1)[-1]}: {exc}")
-    name = f"compactor_test_{secrets.token_hex(4)}"
-    conn.execute(f"CREATE DATABASE {name}")
-    url = with_database(ADMIN_URL, name).replace("://postgres@", "://postgres:hunter2@", 1)
-    try:
-        yield url
-    finally:
-        conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        conn.close()
+def database(postgres_database: str) -> str:
+    """This session's own database (tests/store_support.py)."""
+    return postgres_database
 
 
 @pytest.fixture

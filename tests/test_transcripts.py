@@ -16,7 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from store_support import s3_environment, s3_server, store, store_url  # noqa: F401 - fixtures
+from store_support import (  # noqa: F401 - fixtures
+    postgres_database,
+    s3_environment,
+    s3_server,
+    store,
+    store_url,
+)
 
 from worker.errors import InvalidSnapshot, StorageError, TranscriptConflict
 from worker.stores.filesystem import FileStore
