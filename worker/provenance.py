@@ -13,6 +13,7 @@ replacement removes without summarizing or carrying it: names and sizes, never c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -61,23 +62,22 @@ def anchors(facts: Sequence[Fact], messages: Sequence[Message]) -> list[Anchor]:
     return out
 
 
+# A heading line (1-6 "#", a space or tab, a title, optional closing "#"s), or a code fence.
+_HEADING_OR_FENCE = re.compile(
+    r"^(?:[ \t]*(?:```|~~~).*|#{1,6}[ \t]+(.*?)(?:[ \t]+#+|#*)?[ \t]*)$", re.MULTILINE
+)
+
+
 def headings(text: str) -> list[tuple[str, int]]:
     """The Markdown (ATX) headings of ``text`` outside code fences: (title, offset of its line)."""
     found: list[tuple[str, int]] = []
-    offset = 0
     fenced = False
-    for line in text.splitlines(keepends=True):
-        stripped = line.strip()
-        if stripped.startswith(("```", "~~~")):
+    for match in _HEADING_OR_FENCE.finditer(text):
+        title = match.group(1)
+        if title is None:
             fenced = not fenced
-        elif not fenced and line.startswith("#"):
-            hashes = len(line) - len(line.lstrip("#"))
-            rest = line[hashes:]
-            if hashes <= 6 and rest[:1] in (" ", "\t"):
-                title = rest.strip().rstrip("#").strip()
-                if title:
-                    found.append((title, offset))
-        offset += len(line)
+        elif not fenced and title.strip("# \t"):
+            found.append((title.strip(), match.start()))
     return found
 
 
@@ -159,8 +159,11 @@ def dropped(
     marker, each carried user turn shortened to fit, and each image or file of a message that
     is summarized (or whose tool output was stripped): the replacement does not carry it."""
     carried = {m.id: m for m in plan.carried}
-    names = {c.id: c.name for m in ranged for c in m.tool_calls}
-    outputs = {m.tool_call_id: m.content for m in ranged if m.role == "tool"}
+    hinted = policies.default is not None or bool(policies.overrides)
+    if not hinted:  # no call is omitted or stripped: only turns and attachments can be
+        ranged = [m for m in ranged if m.attachments or (m.role == "user" and m.id in carried)]
+    names = {c.id: c.name for m in ranged for c in m.tool_calls} if hinted else {}
+    outputs = {m.tool_call_id: m.content for m in ranged if m.role == "tool"} if hinted else {}
     carry = set(plan.delegation_calls)
     out: list[DroppedItem] = []
 
