@@ -212,6 +212,7 @@ def drive(cluster: Any, conversation_id: str, turns: list[list[Any]], window: in
             assert json.loads(answer) == before[c.end - 1]
             assert json.loads(tool.handler({"id": ids[c.start]})) == before[c.start]
         assert tool.handler({"id": "no-such-id"}).startswith("error: no compacted message")
+        assert_provenance_recalls(session, cluster.client)
 
         # undoing every compaction gives back exactly what was appended
         while session.compactions:
@@ -220,6 +221,31 @@ def drive(cluster: Any, conversation_id: str, turns: list[list[Any]], window: in
         assert session.messages == original
     finally:
         session.close()
+
+
+def assert_provenance_recalls(session: CompactingSession, client: Client) -> int:
+    """Every id a compaction's provenance lists (each summary section's sources, each dropped
+    entry's message and call) recalls, through the session, the message of its transcript.
+    A message a compaction carried keeps its id in the replacement, so a later compaction's
+    transcript holds that copy too, and recall (newest compaction first) returns the copy.
+    Returns how many ids were checked."""
+    checked = 0
+    for n, event in enumerate(session.compactions):
+        before = client.restore(event)
+        c = event.compaction
+        where = {mid: k for k, mid in enumerate(formats.source_ids(before)) if c.start <= k < c.end}
+        listed = [i for section in c.summary.sections for i in section.source_ids]
+        listed += [d.message_id for d in c.dropped]
+        assert listed, event.event_id
+        carried_on = {i for e in session.compactions[n:] for i in e.compaction.preserved_ids}
+        for message_id in listed:
+            recalled = session.recall(message_id)
+            assert recalled == before[where[message_id]] or message_id in carried_on
+            checked += 1
+        for d in c.dropped:
+            if d.call_id is not None:  # the call's result (the call itself when it has none)
+                assert d.call_id in json.dumps(session.recall(d.call_id))
+    return checked
 
 
 # --- the long runs ------------------------------------------------------------------------
@@ -465,6 +491,39 @@ def test_the_async_session_compacts_recalls_and_undoes(cluster: Any) -> None:
             assert session.messages == original
 
     asyncio.run(run())
+
+
+def test_every_provenance_id_recalls_its_message(cluster: Any) -> None:
+    """Real compactions by the worker, with an omitted and a stripped tool among the calls: the
+    sections' sources and the dropped entries all resolve through the session's recall path
+    (the recall tool included)."""
+    turns = synthetic_turns(60, ids=True)
+    for k, turn in enumerate(turns[1:]):
+        call = turn[0]["tool_calls"][0]["function"]
+        call["name"] = ("bash", "grep", "heartbeat")[k % 3]
+    tools = {"grep": {"compaction": "strip-responses"}, "heartbeat": {"compaction": "omit"}}
+    session = CompactingSession(
+        "c-session-provenance",
+        client=cluster.client,
+        model="gpt-4.1",
+        context_window=6_000,
+        tools=tools,
+    )
+    try:
+        for turn in turns:
+            session.extend(turn)
+            wait_until(lambda: settled(session), what=lambda: session.status)
+            session.request_messages()
+        assert session.compactions, session.status
+        kinds = {d.kind for e in session.compactions for d in e.compaction.dropped}
+        assert {"tool_call_omitted", "tool_output_stripped"} <= kinds
+        assert assert_provenance_recalls(session, cluster.client) > 0
+        tool = session.recall_tool()
+        event = session.compactions[0]
+        first = event.compaction.summary.sections[0].source_ids[0]
+        assert json.loads(tool.handler({"id": first})) == session.recall(first)
+    finally:
+        session.close()
 
 
 # --- the incremental projection -----------------------------------------------------------

@@ -63,6 +63,7 @@ class RangePlan:
     carried: list[Message]  # verbatim (or stripped) into the replacement, in order
     to_summarize: list[Message]  # the summarizer's input, policies applied, in order
     previous_summary: str | None
+    summary_ids: list[str] = field(default_factory=list)  # the earlier summaries' messages
     user_ids: list[str] = field(default_factory=list)  # carried user turns, oldest first
     delegation_calls: list[str] = field(default_factory=list)  # carried delegations, oldest first
 
@@ -170,6 +171,7 @@ def _assemble(
             m = messages[i]
             if is_summary_message(m):
                 summaries.append(m.content)
+                plan.summary_ids.append(m.id)
             elif i in users:
                 plan.user_ids.append(m.id)
                 plan.carried.append(m)

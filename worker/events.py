@@ -71,8 +71,23 @@ class Fidelity(_Published):
     score: float = 1.0
 
 
+class SummarySection(_Published):
+    """One section of the summary's text (a Markdown heading; ``""``: the text before the first
+    heading) and the messages it was drawn from: ``source_ids``, wire message ids of the range,
+    in conversation order, each once. A long list keeps its first and last ids; ``omitted_ids``
+    says how many more there were (docs/summaries.md, "Provenance")."""
+
+    title: str
+    source_ids: list[str] = Field(default_factory=list)
+    omitted_ids: int = 0
+
+
 class Summary(_Published):
-    """The summary that replaces the compacted range (``source``: the LLM or the digest)."""
+    """The summary that replaces the compacted range (``source``: the LLM or the digest).
+
+    ``sections``: each section of ``text`` in order with its sources. A summarizer fills them in
+    the ids of the messages it was given (normalized ids, docs/snapshot.md); the pipeline
+    publishes them as wire message ids."""
 
     text: str
     tokens: int
@@ -81,6 +96,30 @@ class Summary(_Published):
     fallback_reason: str | None = None
     chunks: int = 1
     fidelity: Fidelity | None = None  # None only in events of versions before it existed
+    sections: list[SummarySection] = Field(default_factory=list)  # [] in older events
+
+
+DroppedKind = Literal[
+    "tool_call_omitted",
+    "tool_arguments_stripped",
+    "tool_output_stripped",
+    "user_message_shortened",
+    "attachment_dropped",
+]
+
+
+class DroppedItem(_Published):
+    """Something the compaction removed outright instead of summarizing or carrying it (names
+    and sizes only, never content): ``message_id`` is the wire message it was in, which the
+    range's transcript keeps whole. ``bytes``: the UTF-8 size of what was removed (None for an
+    attachment); ``attachment``: an image or file by the placeholder summaries name it with."""
+
+    message_id: str
+    kind: str  # a DroppedKind; a reader must accept kinds added later
+    call_id: str | None = None
+    tool: str | None = None
+    bytes: int | None = None
+    attachment: str | None = None
 
 
 class TranscriptRef(_Published):
@@ -115,6 +154,9 @@ class Compaction(_Published):
     transcript: TranscriptRef | None = None
     format: WireFormat = "openai"
     preserved_ids: list[str] = Field(default_factory=list)
+    # What the replacement dropped outright (omitted calls, stripped bodies, ...), in
+    # conversation order; [] in events of versions before it existed.
+    dropped: list[DroppedItem] = Field(default_factory=list)
 
 
 class ElidedResult(_Published):

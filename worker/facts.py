@@ -60,10 +60,17 @@ class ToolAction:
     failed: bool = False
     error_lines: list[str] = field(default_factory=list)
     files: list[tuple[str, FileKind]] = field(default_factory=list)  # normalized, with the use
+    message_id: str = ""  # the id of the call's message
+    result_id: str | None = None  # the id of its result's message, when the range holds it
 
     @property
     def changes(self) -> list[tuple[str, FileKind]]:
         return [(p, k) for p, k in self.files if k in ("created", "edited", "deleted")]
+
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        """The messages of the call and of its result: where the call's facts come from."""
+        return (self.message_id,) if self.result_id is None else (self.message_id, self.result_id)
 
 
 @dataclass
@@ -79,6 +86,32 @@ class Facts:
     @property
     def failing(self) -> list[ToolAction]:
         return [a for a in self.actions if a.failed]
+
+
+def fix_of(failed: ToolAction, actions: list[ToolAction]) -> ToolAction | None:
+    """The first later call of the same tool, on the same first two words of its key argument,
+    that succeeded: the heuristic for "fixed later" (not a proof)."""
+    head = failed.key_argument.split(maxsplit=2)[:2]
+    return next(
+        (
+            a
+            for a in actions
+            if a.index > failed.index
+            and a.tool == failed.tool
+            and not a.failed
+            and a.key_argument.split(maxsplit=2)[:2] == head
+        ),
+        None,
+    )
+
+
+def sources_by_path(actions: list[ToolAction]) -> dict[str, list[str]]:
+    """Each path the calls used -> the messages of the calls that used it and of their results."""
+    out: dict[str, list[str]] = {}
+    for action in actions:
+        for path, _ in action.files:
+            out.setdefault(path, []).extend(action.message_ids)
+    return out
 
 
 def extract_paths(text: str) -> list[str]:
@@ -236,6 +269,8 @@ def _extract_facts(messages: list[Message]) -> Facts:
                     failed=result is not None and _failed(output, errors),
                     error_lines=errors,
                     files=used,
+                    message_id=m.id,
+                    result_id=result.id if result is not None else None,
                 )
             )
     facts.files = list(records.values())

@@ -21,16 +21,17 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from worker.events import Fidelity, Summary
-from worker.facts import argument_strings, extract_facts
+from worker.events import Fidelity, Summary, SummarySection
+from worker.facts import argument_strings, extract_facts, fix_of, sources_by_path
 from worker.files import CHANGE_KINDS
 from worker.models import Message
 from worker.summarize import SUMMARY_MARKER
 from worker.tokens import count_tokens, cut_to_tokens
 
-KEPT_FACTS_HEADING = "## Kept facts"
+KEPT_FACTS_TITLE = "Kept facts"
+KEPT_FACTS_HEADING = f"## {KEPT_FACTS_TITLE}"
 # Most important first: repairs are added in this order and dropped in the reverse one.
 KINDS = (
     "task",
@@ -70,6 +71,7 @@ class Fact:
     kind: str
     probes: tuple[str, ...]  # every one must appear, whitespace-normalized
     line: str  # the repair: how the kept-facts section states it
+    sources: tuple[str, ...] = ()  # ids of the messages it was taken from, in order, each once
 
     @property
     def rank(self) -> int:
@@ -113,13 +115,19 @@ def extract_must_keep(
     """The must-keep facts of a range, most important kind first: ``messages`` are the ones
     summarized, ``carried`` the ones the replacement keeps (both oldest first)."""
     facts: list[Fact] = []
-    seen: set[tuple[str, tuple[str, ...]]] = set()
+    seen: dict[tuple[str, tuple[str, ...]], int] = {}  # -> its place in facts
 
-    def add(kind: str, probes: list[str], line: str) -> None:
+    def add(kind: str, probes: list[str], line: str, sources: Sequence[str]) -> None:
         clean = tuple(p for p in probes if p)
-        if clean and (kind, clean) not in seen:
-            seen.add((kind, clean))
-            facts.append(Fact(kind, clean, line))
+        if not clean:
+            return
+        known = seen.get((kind, clean))
+        if known is None:
+            seen[(kind, clean)] = len(facts)
+            facts.append(Fact(kind, clean, line, tuple(dict.fromkeys(sources))))
+        elif not set(sources) <= set(facts[known].sources):  # the same fact again: one more source
+            more = tuple(dict.fromkeys([*facts[known].sources, *sources]))
+            facts[known] = replace(facts[known], sources=more)
 
     summarized = messages
     messages = sorted([*messages, *carried], key=lambda m: m.source_index) if carried else messages
@@ -127,7 +135,7 @@ def extract_must_keep(
     for k, m in enumerate(users):
         text = m.content.strip()
         kind = "task" if k == 0 else "instruction"
-        add(kind, [_probe(text)], f"{kind}: {_cut(text, LINE_CHARS)}")
+        add(kind, [_probe(text)], f"{kind}: {_cut(text, LINE_CHARS)}", [m.id])
 
     extracted = extract_facts(summarized)  # the very list the digest saw: computed once
     records = list(extracted.files)
@@ -137,31 +145,27 @@ def extract_must_keep(
         known = {r.path for r in records}
         records.extend(r for r in more.files if r.path not in known)
         actions.extend(more.actions)
+    used_by = sources_by_path(actions)
     for record in records:
         changed = any(k in CHANGE_KINDS for k in record.kinds)
         add(
             "file_changed" if changed else "file_read",
             [record.path],
             f"`{record.path}` ({', '.join(record.kinds)})",
+            used_by.get(record.path, ()),
         )
 
     failing = [a for a in actions if a.failed][-MAX_FAILED:]
     for action in failing:
-        head = action.key_argument.split(maxsplit=2)[:2]
-        later_ok = any(
-            a.index > action.index
-            and a.tool == action.tool
-            and not a.failed
-            and a.key_argument.split(maxsplit=2)[:2] == head
-            for a in actions
-        )
+        fix = fix_of(action, actions)
         error = f": {_cut(action.error_lines[0], 100)}" if action.error_lines else ""
-        outcome = "fixed later" if later_ok else "not fixed in range"
+        outcome = "fixed later" if fix is not None else "not fixed in range"
         command = _cut(action.key_argument, 100)
         add(
             "failed_command",
             [_probe(action.key_argument)],
             f"failed `{command}`{error} -> {outcome}",
+            [*action.message_ids, *(fix.message_ids if fix is not None else ())],
         )
 
     texts = [
@@ -174,10 +178,11 @@ def extract_must_keep(
     if conclusion is None and texts:
         conclusion = texts[-1]
     if conclusion is not None:
-        add("last_state", [_probe(conclusion[1])], f"latest: {_cut(conclusion[1], LINE_CHARS)}")
-        if texts[-1][0] > conclusion[0]:
-            nxt = texts[-1][1]
-            add("next_step", [_probe(nxt)], f"next: {_cut(nxt, LINE_CHARS)}")
+        at, text = conclusion
+        add("last_state", [_probe(text)], f"latest: {_cut(text, LINE_CHARS)}", [messages[at].id])
+        if texts[-1][0] > at:
+            k, nxt = texts[-1]
+            add("next_step", [_probe(nxt)], f"next: {_cut(nxt, LINE_CHARS)}", [messages[k].id])
 
     results = {m.tool_call_id: m.content for m in messages if m.role == "tool"}
     delegated = set(delegation_tools)
@@ -187,21 +192,24 @@ def extract_must_keep(
             probes = [_probe(action.key_argument), _probe(result)]
             line = f"delegated to {action.tool}: `{_cut(action.key_argument, 100)}`"
             line += f" -> {_cut(result, 140)}" if result.strip() else " -> no result yet"
-            add("delegation", probes, line)
+            add("delegation", probes, line, action.message_ids)
 
-    for identifier in _identifiers(messages)[-MAX_IDENTIFIERS:]:
-        add("identifier", [identifier], f"id `{identifier}`")
+    identifiers = _identifiers(messages)
+    for identifier in list(identifiers)[-MAX_IDENTIFIERS:]:
+        add("identifier", [identifier], f"id `{identifier}`", identifiers[identifier])
 
     facts.sort(key=lambda f: f.rank)  # stable: in order of the conversation within a kind
     return facts
 
 
-def _identifiers(messages: list[Message]) -> list[str]:
-    """Identifiers the agent used, in order of first use: in its text and its calls."""
-    found: dict[str, None] = {}
+def _identifiers(messages: list[Message]) -> dict[str, list[str]]:
+    """Identifiers the agent used, in order of first use: in its text and its calls, each with
+    the ids of the messages that used it."""
+    found: dict[str, list[str]] = {}
     for m in messages:
         if m.role != "assistant":
             continue
+        here: dict[str, None] = {}  # this message's, in order
         texts = [m.content, *(t for c in m.tool_calls for t in argument_strings(c.arguments))]
         for text in texts:
             if not text:
@@ -209,28 +217,30 @@ def _identifiers(messages: list[Message]) -> list[str]:
             # Each pattern only where its anchor occurs: the texts can be whole scripts.
             if "://" in text:
                 for match in _URL.finditer(text):
-                    found.setdefault(match.group(0), None)
+                    here.setdefault(match.group(0), None)
             if text.count("-") >= 4:
                 for match in _UUID.finditer(text):
-                    found.setdefault(match.group(0), None)
+                    here.setdefault(match.group(0), None)
             git = "git " in text
             if git or "commit" in text:
                 for match in _HEX.finditer(text):
                     word = match.group(0)
                     if any(c.isdigit() for c in word) and any(c.isalpha() for c in word):
-                        found.setdefault(word, None)
+                        here.setdefault(word, None)
             if ".py::" in text:
                 for match in _TEST_NODE.finditer(text):
-                    found.setdefault(match.group(0), None)
+                    here.setdefault(match.group(0), None)
             if "-k " in text:
                 for match in _TEST_K.finditer(text):
                     for name in match.group(1).split():
                         if name.startswith("test"):
-                            found.setdefault(name, None)
+                            here.setdefault(name, None)
             if git:
                 for match in _BRANCH.finditer(text):
-                    found.setdefault(match.group(1), None)
-    return list(found)
+                    here.setdefault(match.group(1), None)
+        for identifier in here:
+            found.setdefault(identifier, []).append(m.id)
+    return found
 
 
 def carried_text(messages: list[Message]) -> str:
@@ -323,11 +333,16 @@ def ensure(
         dropped=dict(sorted(dropped.items(), key=lambda kv: KINDS.index(kv[0]))),
         score=round(score, 4),
     )
+    sections = list(summary.sections)
+    if added:  # the repair is a section too, drawn from the repaired facts' messages
+        sources = [i for f in added for i in f.sources]
+        sections.append(SummarySection(title=KEPT_FACTS_TITLE, source_ids=sources))
     return summary.model_copy(
         update={
             "text": text,
             "tokens": count_tokens(text, model),
             "truncated": truncated,
             "fidelity": fidelity,
+            "sections": sections,
         }
     )

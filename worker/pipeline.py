@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from worker import fidelity, formats
+from worker import fidelity, formats, provenance
 from worker.cache import ContentCache
 from worker.compaction import (
     RangePlan,
@@ -550,6 +550,7 @@ def prepare(
         revision=parsed.revision,
         messages=plan.to_summarize,
         previous_summary=plan.previous_summary,
+        previous_summary_ids=plan.summary_ids,
         must_keep=_must_keep(plan.to_summarize),
         max_input_chars=config.summary_max_input_chars,
         max_output_tokens=config.summary_max_output_tokens,
@@ -600,7 +601,10 @@ def summarize(prepared: PreparedCompaction, settings: Settings, adapters: Adapte
         limit = request.max_output_tokens
         if summary.source == "llm":  # never longer than what it replaces, as llm.py enforces
             limit = min(limit, request.source_tokens)
-        return fidelity.ensure(summary, facts, carried, limit=limit, model=request.model)
+        summary = fidelity.ensure(summary, facts, carried, limit=limit, model=request.model)
+        if summary.source == "llm":  # the digest says what it drew from; the LLM's is read
+            summary = provenance.attribute(summary, provenance.anchors(facts, request.messages))
+        return summary
 
     def digest(reason: str | None) -> Summary:
         summary = adapters.digest.summarize(prepared.request)
@@ -647,9 +651,14 @@ def build_compaction(
     tokenizer: Tokenizer,
     compressed: CompressionCache | None = None,
 ) -> Compaction:
-    """The event's compaction (without its transcript): replacement and exact tokens after."""
+    """The event's compaction (without its transcript): replacement, provenance (the
+    summary's sections by wire id, what was dropped) and exact tokens after."""
     snap = parsed.snapshot
     plan = prepared.plan
+    ranged = [m for m in parsed.messages if plan.start <= m.source_index < plan.end]
+    where = provenance.wire_locations(ranged, parsed.source_ids)
+    sections = provenance.published_sections(summary.text, summary.sections, where)
+    summary = summary.model_copy(update={"sections": sections})
     with_ids = any("id" in raw for raw in snap.messages)
     replacement = formats.render(snap.format, plan.carried, with_ids=with_ids, source=snap.messages)
     replacement.append(
@@ -676,6 +685,7 @@ def build_compaction(
         tokens_after_counted_by=counted_by(tokenizer),
         format=snap.format,
         preserved_ids=[m.id for m in plan.carried],
+        dropped=provenance.dropped(ranged, plan, prepared.policies, where),
     )
     applied = apply_compaction(snap.messages, compaction)
     after = tokens_of(applied, parsed, tokenizer, compressed=compressed)

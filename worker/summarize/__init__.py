@@ -27,6 +27,7 @@ class SummaryRequest(BaseModel):
     revision: int
     messages: list[Message]  # the range, oldest first, policies applied
     previous_summary: str | None = None  # the earlier summary this range starts with, if any
+    previous_summary_ids: list[str] = Field(default_factory=list)  # its message(s)
     must_keep: list[str] = Field(default_factory=list)  # paths, commands, errors to keep verbatim
     max_input_chars: int
     max_output_tokens: int

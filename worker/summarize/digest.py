@@ -12,8 +12,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from worker.events import Summary
-from worker.facts import Facts, ToolAction, extract_facts, extract_paths
+from worker.events import Summary, SummarySection
+from worker.facts import Facts, ToolAction, extract_facts, extract_paths, fix_of, sources_by_path
 from worker.fidelity import is_conclusion, strip_thought
 from worker.files import CHANGE_KINDS
 from worker.media import placeholders
@@ -31,6 +31,7 @@ ARGUMENT_CHARS = 160
 class _Section:
     title: str
     body: str
+    sources: list[str]  # ids of the messages it was drawn from (a cut keeps them all)
     priority: int  # lower is cut first
 
 
@@ -44,21 +45,30 @@ class DigestSummarizer:
             f"{SUMMARY_MARKER}\nOffline digest of {len(request.messages)} earlier messages "
             f"({len(facts.actions)} tool calls), revision {request.revision}."
         )
+        previous = request.previous_summary_ids
+        calls = [i for a in facts.actions for i in a.message_ids]
+        used = _file_sources(facts, files, previous)
+        earlier = _strip_marker(request.previous_summary or "")
         sections = [
-            _Section("Files touched", render_files(files), 6),
-            _Section("Errors seen", _errors(facts), 5),
-            _Section("Images and files", _attachments(request.messages), 5),
-            _Section("Earlier user requests", _task(request.messages), 4),
-            _Section("Latest state", _latest_state(request.messages, facts), 3),
-            _Section("Actions", _actions(facts), 2),
-            _Section("Earlier summary", _strip_marker(request.previous_summary or ""), 1),
+            _Section("Files touched", render_files(files), used, priority=6),
+            _Section("Errors seen", *_errors(facts), priority=5),
+            _Section("Images and files", *_attachments(request.messages), priority=5),
+            _Section("Earlier user requests", *_task(request.messages), priority=4),
+            _Section("Latest state", *_latest_state(request.messages, facts), priority=3),
+            _Section("Actions", _actions(facts), calls, priority=2),
+            _Section("Earlier summary", earlier, previous, priority=1),
         ]
-        text, truncated = _fit(header, [s for s in sections if s.body], request)
+        present = [s for s in sections if s.body]
+        text, truncated = _fit(header, present, request)
         return Summary(
             text=text,
             tokens=count_tokens(text, request.model),
             source="digest",
             truncated=truncated,
+            # In the request's ids; the sections a cut removed are left out when published.
+            sections=[
+                SummarySection(title=s.title, source_ids=s.sources) for s in present if s.body
+            ],
         )
 
 
@@ -72,6 +82,18 @@ def _accumulated_files(facts: Facts, previous: str | None) -> list[tuple[str, li
         known = files.setdefault(record.path, [])
         known.extend(k for k in record.kinds if k not in known)
     return list(files.items())
+
+
+def _file_sources(
+    facts: Facts, files: list[tuple[str, list[str]]], previous: list[str]
+) -> list[str]:
+    """The calls (and results) that used each listed file, and the earlier summary when it
+    listed files (they are carried over)."""
+    used_by = sources_by_path(facts.actions)
+    sources = [i for path, _ in files for i in used_by.get(path, ())]
+    if len(files) > len(facts.files):  # some come from the earlier summary only
+        sources.extend(previous)
+    return sources
 
 
 def render_files(files: list[tuple[str, list[str]]]) -> str:
@@ -116,41 +138,44 @@ def _strip_marker(text: str) -> str:
     return text.removeprefix(SUMMARY_MARKER).strip()
 
 
-def _task(messages: list[Message]) -> str:
+def _task(messages: list[Message]) -> tuple[str, list[str]]:
     """The task as the user first stated it, every later instruction or correction (each once,
-    shortened), and the latest user message whole."""
-    users = list(
-        dict.fromkeys(without_bytes(m.content).strip() for m in messages if m.role == "user")
-    )
-    users = [u for u in users if u]
+    shortened), and the latest user message whole; drawn from every user message with text."""
+    said = [(without_bytes(m.content).strip(), m.id) for m in messages if m.role == "user"]
+    said = [(text, mid) for text, mid in said if text]
+    users = list(dict.fromkeys(text for text, _ in said))
+    sources = [mid for _, mid in said]
     if not users:
-        return ""
+        return "", []
     first, later = users[0], users[1:]
     if not later:
-        return first
+        return first, sources
     lines = [first]
     if len(later) > 1:
         lines.append("\nLater user messages:")
         lines.extend(f"- {_cut(_one_line(u, 10**6), 300)}" for u in later[:-1])
     lines.append(f"\nLatest user message:\n{later[-1]}")
-    return "\n".join(lines)
+    return "\n".join(lines), sources
 
 
-def _attachments(messages: list[Message]) -> str:
+def _attachments(messages: list[Message]) -> tuple[str, list[str]]:
     """Each image and file of the range, by placeholder and label (never its bytes)."""
     lines = []
+    sources: list[str] = []
     for m in messages:
         for name, a in zip(placeholders(m.id, m.attachments), m.attachments, strict=True):
             lines.append(f"- {name}: {a.label} (from the {m.role})")
-    return "\n".join(lines)
+            sources.append(m.id)
+    return "\n".join(lines), sources
 
 
 MAX_STATE_CHARS = 1200
 
 
-def _latest_state(messages: list[Message], facts: Facts | None = None) -> str:
+def _latest_state(messages: list[Message], facts: Facts) -> tuple[str, list[str]]:
     """The agent's last substantive conclusion (not a mere "let me look at X"), the result of
-    the last call, and the open next step when the agent said one after its conclusion."""
+    the last call, and the open next step when the agent said one after its conclusion; drawn
+    from those messages."""
     texts = [
         (i, strip_thought(without_bytes(m.content)))
         for i, m in enumerate(messages)
@@ -161,18 +186,22 @@ def _latest_state(messages: list[Message], facts: Facts | None = None) -> str:
     if conclusion is None and texts:
         conclusion = texts[-1]
     lines = []
+    sources: list[str] = []
     if conclusion is not None:
         lines.append(_cut(conclusion[1], MAX_STATE_CHARS))
-    if facts is not None and facts.actions:
+        sources.append(messages[conclusion[0]].id)
+    if facts.actions:
         last = facts.actions[-1]
         outcome = "failed" if last.failed else "ok"
         detail = f": {last.error_lines[0]}" if last.failed and last.error_lines else ""
         lines.append(
             f"Last call: {last.tool} `{_one_line(last.key_argument, 120)}` -> {outcome}{detail}"
         )
+        sources.extend(last.message_ids)
     if texts and conclusion is not None and texts[-1][0] > conclusion[0]:
         lines.append(f"Next step: {_one_line(texts[-1][1], 300)}")
-    return "\n".join(lines)
+        sources.append(messages[texts[-1][0]].id)
+    return "\n".join(lines), sources
 
 
 def _cut(text: str, limit: int) -> str:
@@ -212,25 +241,20 @@ def _capped(actions: list[ToolAction], limit: int) -> list[ToolAction]:
     return [*actions[:head], *actions[-(limit - head) :]]
 
 
-def _errors(facts: Facts) -> str:
+def _errors(facts: Facts) -> tuple[str, list[str]]:
+    """Each failed call and how it ended; drawn from the failed calls, their results and the
+    calls that resolved them."""
     lines = []
+    sources: list[str] = []
     for a in facts.failing[-MAX_ERRORS:]:
-        outcome = "resolved later" if _resolved_later(a, facts.actions) else "not resolved in range"
+        fix = fix_of(a, facts.actions)
+        outcome = "resolved later" if fix is not None else "not resolved in range"
         detail = "; ".join(a.error_lines) or "non-zero exit"
         lines.append(f"- `{_one_line(a.key_argument, 100)}`: {detail} -> {outcome}")
-    return "\n".join(lines)
-
-
-def _resolved_later(failed: ToolAction, actions: list[ToolAction]) -> bool:
-    """A later call of the same tool on the same first word of its argument succeeded."""
-    head = failed.key_argument.split(maxsplit=2)[:2]
-    return any(
-        a.index > failed.index
-        and a.tool == failed.tool
-        and not a.failed
-        and a.key_argument.split(maxsplit=2)[:2] == head
-        for a in actions
-    )
+        sources.extend(a.message_ids)
+        if fix is not None:
+            sources.extend(fix.message_ids)
+    return "\n".join(lines), sources
 
 
 def _render(header: str, sections: list[_Section]) -> str:
