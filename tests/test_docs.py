@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from worker import keys
 from worker.config import (
+    BrokerConfig,
     CompactionConfig,
     HttpConfig,
     LLMConfig,
@@ -37,6 +38,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "[conversation.tools.NAME]": ToolConfig,
     "[llm]": LLMConfig,
     "[redis]": RedisConfig,
+    "[broker]": BrokerConfig,
     "[transcripts]": TranscriptRetention,
     "[worker]": WorkerConfig,
     "[http]": HttpConfig,
@@ -92,9 +94,8 @@ def test_every_key_is_documented() -> None:
     text = (DOCS / "redis-protocol.md").read_text()
     names = [n for n in dir(keys) if callable(getattr(keys, n)) and not n.startswith("_")]
     for name in names:
-        key = getattr(keys, name)("{conv}", "{rev}") if name == "snapshot" else None
-        arg = {"published": "{event_id}", "webhooks": "{tenant}"}.get(name, "{conv}")
-        key = key or getattr(keys, name)(arg)
+        args = {"published": ("<conv>", "<event_id>"), "webhooks": ("<tenant>",)}
+        key = getattr(keys, name)(*args.get(name, ("<conv>",)))
         assert f"| `{key}` |" in text, key
     for key in (keys.RECENT, keys.PENDING, keys.METRICS):
         assert f"| `{key}` |" in text, key

@@ -30,6 +30,7 @@ from fault_support import (  # noqa: F401 - fixtures
     wait_until,
 )
 
+from worker import keys
 from worker.cli_service import UP_WORKERS
 from worker.testing.standin_llm import StandinLLM
 
@@ -178,10 +179,11 @@ def test_reconcile_forgets_a_conversation_whose_snapshot_expired(make_cluster) -
     again, forever (``cw:pending`` has no TTL and only an outcome removes a member)."""
     cluster = make_cluster({"worker": {"reconcile_after_s": 0.5}}, appendonly=False)
     cluster.client.submit(tagged("c-expired", 1))  # no worker yet: it waits in the queue
-    for key in ("cw:snap:c-expired:1", "cw:latest:c-expired"):
+    gone = [keys.snapshot("c-expired"), keys.latest("c-expired")]
+    for key in gone:
         assert cluster.raw.pexpire(key, 1)  # the TTL runs out (a day, in production)
     time.sleep(0.05)
-    assert cluster.raw.exists("cw:snap:c-expired:1", "cw:latest:c-expired") == 0
+    assert cluster.raw.exists(*gone) == 0
     cluster.workers.start("w1", queues=ALL_QUEUES)
     wait_until(
         lambda: expired_evaluations(cluster.workers.log("w1")) >= 1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from service_support import (  # noqa: F401 - fixtures: a real Redis
 )
 
 from worker.config import Settings
-from worker.keys import published
+from worker import keys
 from worker.pipeline import Adapters, Pipeline
 from worker.redis_state import RedisState, connect
 from worker.service import Service
@@ -47,7 +48,7 @@ def test_an_evaluation_remembers_its_event_ids_only_as_long_as_a_redelivery_can_
     limit = svc._evaluation_dedup_ttl_s()
     assert limit < svc.settings.redis.stream_ttl_s
     for event in events:
-        assert 0 < client.ttl(published(event["event_id"])) <= limit
+        assert 0 < client.ttl(keys.published("c-ttl", event["event_id"])) <= limit
     # A second delivery of the same evaluation finds nothing to do and publishes nothing.
     assert svc.evaluate("c-ttl") == "superseded"
     assert len(svc.state.read_events("c-ttl")) == 2
@@ -90,7 +91,7 @@ def test_the_elided_event_of_a_revision_waiting_for_its_compaction_is_remembered
     assert svc.evaluate("c-over") == "queued"
     events = [e for _, e in svc.state.read_events("c-over")]
     assert [e["type"] for e in events] == ["tool_results.elided"]
-    ttl = redis.Redis.from_url(redis_url).ttl(published(events[0]["event_id"]))
+    ttl = redis.Redis.from_url(redis_url).ttl(keys.published("c-over", events[0]["event_id"]))
     assert ttl > svc._evaluation_dedup_ttl_s()
 
 
@@ -98,23 +99,25 @@ def test_the_elided_event_of_a_revision_waiting_for_its_compaction_is_remembered
 def test_only_the_newest_payload_of_a_conversation_is_kept(
     redis_url: str, tmp_path: Path, first: int
 ) -> None:
-    """Older payloads are never read again; kept for their whole TTL, a long conversation
-    would hold every revision it ever submitted."""
+    """Older payloads are never read again: one key holds the newest revision's, and a late
+    older revision changes nothing."""
     svc = service(redis_url, tmp_path)
     client = redis.Redis.from_url(redis_url)
-    stale = list(client.scan_iter(match="cw:*c-keep*"))  # from an earlier parameter
+    stale = list(client.scan_iter(match="cw:{c-keep}:*"))  # from an earlier parameter
     if stale:
         client.delete(*stale)
     for revision in (first, first + 1, first + 2):
         snap = conversation("c-keep", 3 + revision - first, revision=revision, window=1_000_000)
         svc.state.store_snapshot("c-keep", revision, json.dumps(snap).encode())
-    newest = f"cw:snap:c-keep:{first + 2}".encode()
-    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [newest]
-    # An older revision arriving late is superseded and removes nothing.
+    assert client.get(keys.latest("c-keep")) == str(first + 2).encode()
+    stored = json.loads(zlib.decompress(client.get(keys.snapshot("c-keep"))))
+    assert stored["revision"] == first + 2
+    # An older revision arriving late is superseded and changes nothing.
     late = conversation("c-keep", 4, revision=first + 1, window=1_000_000)
     status = svc.state.store_snapshot("c-keep", first + 1, json.dumps(late).encode()).status
     assert status == "superseded"
-    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [newest]
+    stored = json.loads(zlib.decompress(client.get(keys.snapshot("c-keep"))))
+    assert stored["revision"] == first + 2
     assert svc.evaluate("c-keep") == "skipped"
     assert [e["revision"] for _, e in svc.state.read_events("c-keep")] == [first + 2]
 

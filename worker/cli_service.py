@@ -470,13 +470,14 @@ def classify_workers(active_queues: dict[str, list[dict[str, Any]]]) -> dict[str
 
 def cmd_status(args: argparse.Namespace) -> int:
     from worker.celery_app import QUEUES, broker_url, make_app
-    from worker.redis_state import RedisState, connect
+    from worker.redis_state import RedisState, connect, state_url
 
     settings = _settings(args)
-    state = RedisState(connect(broker_url(settings)), settings.redis)
+    state = RedisState(connect(state_url(settings)), settings.redis)
+    broker = _broker_client(settings, state)
     app = make_app(settings)
     try:
-        queues = {q: _queue_length(state, q) for q in QUEUES}
+        queues = {q: _queue_length(broker, q) for q in QUEUES}
         active = active_queues(app, timeout_s=1.0)
         kinds = classify_workers(active)
         consumed = {
@@ -484,7 +485,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
         missing = sorted(kind for kind, nodes in kinds.items() if not nodes)
         doc = {
-            "redis": mask_url(broker_url(settings)),
+            "redis": mask_url(state_url(settings)),
+            "broker": mask_url(broker_url(settings)),
             "queues": queues,
             "workers": sorted(active),
             "kinds": kinds,
@@ -507,17 +509,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         app.close()
         state.client.close()
+        if broker is not state.client:
+            broker.close()
 
 
-def _queue_length(state: Any, queue: str) -> int:
+def _broker_client(settings: Settings, state: Any) -> Any:
+    """A Redis client on the broker (the state's own when they are one Redis)."""
+    from worker.celery_app import broker_url
+    from worker.redis_state import connect, state_url
+
+    url = broker_url(settings)
+    return state.client if url == state_url(settings) else connect(url)
+
+
+def _queue_length(broker: Any, queue: str) -> int:
     """Kombu's Redis transport keeps a queue as a list per priority step."""
     from worker.redis_state import redis_errors
 
     total = 0
     with redis_errors("reading queue lengths"):
-        for key in state.client.scan_iter(match=f"{queue}*", count=100):
-            if state.client.type(key) == b"list":
-                total += state.client.llen(key)
+        for key in broker.scan_iter(match=f"{queue}*", count=100):
+            if broker.type(key) == b"list":
+                total += broker.llen(key)
     return total
 
 
@@ -534,15 +547,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from worker.celery_app import QUEUES, broker_url
+    from worker.celery_app import QUEUES
     from worker.metrics import render_prometheus, serve
-    from worker.redis_state import RedisState, connect
+    from worker.redis_state import RedisState, connect, state_url
 
     settings = _settings(args)
-    state = RedisState(connect(broker_url(settings)), settings.redis)
+    state = RedisState(connect(state_url(settings)), settings.redis)
+    broker = _broker_client(settings, state)
 
     def render() -> str:
-        return render_prometheus(state.counters(), {q: _queue_length(state, q) for q in QUEUES})
+        return render_prometheus(state.counters(), {q: _queue_length(broker, q) for q in QUEUES})
 
     if args.serve is None:
         sys.stdout.write(render())

@@ -161,6 +161,16 @@ class RedisConfig(_Strict):
     _none_ok = field_validator("url", mode="before")(_none_word)
 
 
+class BrokerConfig(_Strict):
+    """``[broker]``: where the task queues are, when not in the state's Redis. Required when
+    ``[redis] url`` is a Redis Cluster or a Sentinel URL (kombu's Redis transport speaks
+    neither); may carry a password, masked whenever shown."""
+
+    url: SecretStr | None = None
+
+    _none_ok = field_validator("url", mode="before")(_none_word)
+
+
 class TranscriptRetention(_Strict):
     """``[transcripts]``: retention beyond ``max_persisted_transcripts``."""
 
@@ -239,6 +249,7 @@ class Settings(_Strict):
     tools: dict[str, ToolConfig] = Field(default_factory=dict)
     llm: LLMConfig = Field(default_factory=LLMConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)
     transcripts: TranscriptRetention = Field(default_factory=TranscriptRetention)
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
@@ -289,6 +300,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "compaction": CompactionConfig,
     "llm": LLMConfig,
     "redis": RedisConfig,
+    "broker": BrokerConfig,
     "transcripts": TranscriptRetention,
     "worker": WorkerConfig,
     "http": HttpConfig,
@@ -389,7 +401,8 @@ def mask_url(url: str | None) -> str | None:
 
 
 def redis_url(settings: Settings) -> str | None:
-    """The broker URL (``[redis] url`` or ``COMPACTOR_REDIS_URL``), or None for embedded mode."""
+    """The state's Redis URL (``[redis] url`` or ``COMPACTOR_REDIS_URL``; the broker's too
+    unless ``[broker] url`` is set), or None for embedded mode."""
     return settings.redis.url.get_secret_value() if settings.redis.url else None
 
 
@@ -397,6 +410,8 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
     """The resolved configuration as ``config show`` prints it: secrets masked."""
     data = settings.model_dump(mode="json")
     data["redis"]["url"] = mask_url(redis_url(settings))
+    broker = settings.broker.url
+    data["broker"]["url"] = mask_url(broker.get_secret_value() if broker else None)
     data["llm"]["base_url"] = mask_url(settings.llm.base_url)
     data["llm"]["headers"] = {k: "***" for k in settings.llm.headers}
     data["proxy"]["openai_base_url"] = mask_url(settings.proxy.openai_base_url)

@@ -16,7 +16,8 @@ import uuid
 from typing import Any
 
 from worker.config import Settings, redis_url
-from worker.errors import RedisUnavailable
+from worker.errors import ConfigError, RedisUnavailable
+from worker.redis_target import DEFAULT_REDIS_URL, is_shared_state_only
 
 __all__ = [
     "EVALUATE_QUEUE",
@@ -40,11 +41,21 @@ SUMMARIZE_TASK = "compactor.summarize"
 PRUNE_TASK = "compactor.prune"
 RECONCILE_TASK = "compactor.reconcile"
 
-DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+DEFAULT_BROKER = DEFAULT_REDIS_URL
 
 
 def broker_url(settings: Settings) -> str:
-    return redis_url(settings) or DEFAULT_BROKER
+    """``[broker] url``, else the state's Redis (``[redis] url``), which then holds both."""
+    if settings.broker.url is not None:
+        return settings.broker.url.get_secret_value()
+    state = redis_url(settings) or DEFAULT_BROKER
+    if is_shared_state_only(state):
+        raise ConfigError(
+            "broker.url",
+            "required when redis.url is a Redis Cluster or Sentinel URL: the task queues need "
+            "a standalone Redis (or another broker) of their own",
+        )
+    return state
 
 
 def broker_ssl(url: str) -> dict[str, Any] | None:

@@ -201,7 +201,9 @@ class Service:
             return "skipped"
         started = time.monotonic()
         event = self.pipeline.compact(
-            parsed, verdict.evaluation, already_published=self.state.is_published
+            parsed,
+            verdict.evaluation,
+            already_published=lambda event_id: self.state.is_published(conversation_id, event_id),
         )
         if event is None:
             return "duplicate"  # redelivered after it was published: no second LLM call

@@ -16,8 +16,8 @@ from worker.celery_app import app
 from worker.config import Settings
 from worker.errors import RedisUnavailable
 from worker.pipeline import Adapters, Pipeline
-from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE, broker_url
-from worker.redis_state import RedisState, connect
+from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE
+from worker.redis_state import RedisState, connect, state_url
 from worker.reuse import Reuse
 from worker.service import Service
 from worker.transcripts import TranscriptStore
@@ -43,7 +43,7 @@ def service() -> Service:
 def _build(settings: Settings) -> Service:
     from worker.summarize_factory import llm_summarizer
 
-    state = RedisState(connect(broker_url(settings)), settings.redis)
+    state = RedisState(connect(state_url(settings)), settings.redis)
     adapters = Adapters(
         store=TranscriptStore(settings.compaction.transcript_dir), llm=llm_summarizer(settings)
     )

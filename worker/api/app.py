@@ -46,7 +46,7 @@ from worker.errors import (
 )
 from worker.events import CompletedEvent, parse_event
 from worker.history import apply_compaction
-from worker.queues import broker_url
+from worker.redis_state import connect_async, state_url
 from worker.snapshots import decode_json
 from worker.transcripts import TranscriptStore
 
@@ -77,19 +77,25 @@ class Api:
     def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None) -> None:
         self.settings = settings
         self.keys: ApiKeys = load_api_keys(settings, os.environ if environ is None else environ)
-        self.url = broker_url(settings)
+        self.url = state_url(settings)
         self.client = Client(settings)
-        self.aredis: Any = redis.asyncio.Redis.from_url(
-            self.url,
-            socket_connect_timeout=5.0,
-            health_check_interval=15,
-            max_connections=settings.http.redis_max_connections,
+        self.aredis: Any = connect_async(
+            self.url, max_connections=settings.http.redis_max_connections
         )
         self.transcripts = TranscriptStore(settings.compaction.transcript_dir)
         self.body_limit = settings.http.max_body_bytes or settings.compaction.max_snapshot_bytes
         self._ready: tuple[float, int, dict[str, Any]] | None = None
         self._ready_lock = asyncio.Lock()
         self._celery: Any = None
+        self._broker: Any = None
+
+    def broker_client(self) -> Any:
+        """A Redis client on the broker, for queue lengths (the state's, when they are one)."""
+        if self._broker is None:
+            from worker.cli_service import _broker_client
+
+            self._broker = _broker_client(self.settings, self.client.state)
+        return self._broker
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -97,6 +103,8 @@ class Api:
         await anyio.to_thread.run_sync(self.client.close)
         if self._celery is not None:
             self._celery.close()
+        if self._broker is not None and self._broker is not self.client.state.client:
+            self._broker.close()
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -145,7 +153,7 @@ def _redis(action: str) -> Any:
         yield
     except redis.exceptions.AuthenticationError:
         raise ConfigError("redis.url", "Redis refused the credentials") from None
-    except (redis.exceptions.RedisError, OSError) as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         raise RedisUnavailable(f"redis unavailable while {action}: {type(exc).__name__}") from None
 
 
@@ -249,7 +257,11 @@ async def _sse(api: Api, stream: str, tenant: Tenant, after: str) -> AsyncIterat
     while True:
         try:
             reply = await api.aredis.xread({stream: after}, count=100, block=block_ms)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except (
+            redis.exceptions.RedisError,
+            redis.exceptions.RedisClusterException,
+            OSError,
+        ) as exc:
             log.warning("event stream: redis unavailable (%s); retrying", type(exc).__name__)
             yield b": redis unavailable, retrying\n\n"
             await asyncio.sleep(1.0)
@@ -431,7 +443,7 @@ async def _check_ready(api: Api) -> tuple[int, dict[str, Any]]:
 
     try:
         await api.aredis.ping()
-    except (redis.exceptions.RedisError, OSError) as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         return 503, {"ready": False, "redis": False, "error": type(exc).__name__}
 
     def kinds() -> dict[str, list[str]]:
@@ -461,7 +473,8 @@ async def metrics(request: Request) -> Response:
     state = api.client.state
 
     def render() -> str:
-        return render_prometheus(state.counters(), {q: _queue_length(state, q) for q in QUEUES})
+        broker = api.broker_client()
+        return render_prometheus(state.counters(), {q: _queue_length(broker, q) for q in QUEUES})
 
     text = await anyio.to_thread.run_sync(render)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
