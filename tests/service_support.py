@@ -54,7 +54,11 @@ def redis_url(redis_server: str) -> str:
     return redis_server
 
 
-def write_config(path: Path, transcript_dir: Path, extra: str = "") -> Path:
+def write_config(
+    path: Path, transcript_dir: Path, extra: str = "", *, broker_url: str | None = None
+) -> Path:
+    """``broker_url``: the queues' own Redis (``[broker] url``), for a cluster state."""
+    broker = f'[broker]\nurl = "{broker_url}"\n' if broker_url else ""
     path.write_text(f"""
 [compaction]
 transcript_dir = "{transcript_dir}"
@@ -63,7 +67,7 @@ summary_max_output_tokens = 300
 [worker]
 log_format = "text"
 reconcile_after_s = 5.0
-""")
+{broker}""")
     return path
 
 
@@ -73,6 +77,7 @@ class Workers:
     def __init__(self, url: str, config: Path, logs: Path) -> None:
         self.url, self.config, self.logs = url, config, logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.clients: list[Client] = []  # made by client_for, closed by stop_all
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
@@ -158,19 +163,32 @@ class Workers:
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
+        for client in self.clients:
+            client.close()  # a cluster client's sockets are not closed when it is collected
+        self.clients.clear()
 
 
 @pytest.fixture
 def service_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[Path, Callable[..., Workers]]]:
     """(transcript dir, make_workers(extra_config=...)) with everything stopped afterwards."""
+    yield from service_env_on(tmp_path, redis_url)
+
+
+def service_env_on(
+    tmp_path: Path, state_url: str, *, broker_url: str | None = None
+) -> Iterator[tuple[Path, Callable[..., Workers]]]:
+    """:func:`service_env` with the state at ``state_url`` (a Redis Cluster, say) and the
+    queues at ``broker_url`` (default: the same Redis)."""
     transcripts = tmp_path / "transcripts"
     made: list[Workers] = []
 
     def make(extra: str = "") -> Workers:
-        config = write_config(tmp_path / f"compactor{len(made)}.toml", transcripts, extra)
+        config = write_config(
+            tmp_path / f"compactor{len(made)}.toml", transcripts, extra, broker_url=broker_url
+        )
         logs = tmp_path / "logs"
         logs.mkdir(exist_ok=True)
-        w = Workers(redis_url, config, logs)
+        w = Workers(state_url, config, logs)
         made.append(w)
         return w
 
@@ -180,7 +198,10 @@ def service_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[Path, Callable
 
 
 def client_for(workers: Workers) -> Client:
-    return Client(with_redis_url(load_settings(workers.config, environ={}), workers.url))
+    """A client of the workers' Redis, closed with them."""
+    client = Client(with_redis_url(load_settings(workers.config, environ={}), workers.url))
+    workers.clients.append(client)
+    return client
 
 
 def wait_for_outcome(

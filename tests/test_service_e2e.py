@@ -7,9 +7,11 @@ import itertools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from cluster_support import cluster_service_env, cluster_url, redis_cluster  # noqa: F401
 from service_support import (  # noqa: F401 - fixtures
     client_for,
     conversation,
@@ -29,8 +31,16 @@ from worker.tokens import tokenizer_for
 pytestmark = pytest.mark.slow
 
 
-def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = service_env
+@pytest.fixture(params=["standalone", "cluster"])
+def any_service_env(request: pytest.FixtureRequest) -> Any:
+    """``service_env`` with the state on a standalone Redis, or on a 3-master Redis Cluster
+    (the queues then on a standalone Redis of their own)."""
+    cluster = request.param == "cluster"
+    return request.getfixturevalue("cluster_service_env" if cluster else "service_env")
+
+
+def test_over_threshold_yields_one_completed_event_that_applies(any_service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = any_service_env
     workers = make()
     workers.start("w1")
     client = client_for(workers)
@@ -61,8 +71,8 @@ def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> 
     assert [e.type for _, e in client.events("c-over")] == ["compaction.completed"]
 
 
-def test_under_threshold_is_skipped(service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = service_env
+def test_under_threshold_is_skipped(any_service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = any_service_env
     workers = make()
     workers.start("w1")
     client = client_for(workers)
@@ -135,8 +145,8 @@ def test_broker_message_is_small_whatever_the_snapshot_size(service_env) -> None
     assert len(messages) == 1 and len(messages[0]) < 2048
 
 
-def test_a_burst_of_submissions_coalesces(service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = service_env
+def test_a_burst_of_submissions_coalesces(any_service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = any_service_env
     workers = make()
     workers.start("w1", concurrency=4)
     client = client_for(workers)

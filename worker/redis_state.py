@@ -44,7 +44,7 @@ _CLUSTER_TRANSIENT = (
     redis.exceptions.TryAgainError,
     redis.exceptions.AskError,  # MovedError too: a storm of redirections outlasted the retries
     redis.exceptions.ClusterError,
-    redis.exceptions.RedisClusterException,  # not a RedisError: e.g. SlotNotCoveredError
+    redis.exceptions.SlotNotCoveredError,  # a master is down: its slots have no node now
 )
 
 
@@ -68,7 +68,9 @@ def redis_errors(action: str) -> Iterator[None]:
         *_CLUSTER_TRANSIENT,
     ) as exc:
         raise RedisUnavailable(f"redis unavailable while {action}: {type(exc).__name__}") from None
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # RedisClusterException is no RedisError; its other kinds (keys of two slots in one
+        # command) are bugs, reported as such.
         raise RedisUnavailable(f"redis error while {action}: {exc}", code="redis_error") from None
 
 
