@@ -153,9 +153,15 @@ class RedisClusterServers:
             finally:
                 client.close()
 
-    def stop(self) -> None:
+    def restart(self) -> None:
+        """Start every (stopped) master again and wait for the cluster to be whole."""
         for node in self.nodes:
-            node.stop(kill=True)
+            node.start()
+        self.wait_ok()
+
+    def stop(self, *, kill: bool = True) -> None:
+        for node in self.nodes:
+            node.stop(kill=kill)
 
 
 class SentinelServers:

@@ -21,10 +21,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 import redis
+from cluster_support import RedisClusterServers
 from service_support import OUTCOMES, Workers, conversation
 
 from worker.celery_app import MAINTENANCE_QUEUE, make_app
@@ -121,7 +122,11 @@ def wait_until(
 
 
 class Cluster:
-    """A private Redis (own port and directory), worker subprocesses and a client."""
+    """A private Redis (own port and directory), worker subprocesses and a client.
+
+    ``topology="redis-cluster"``: the state on a private 3-master Redis Cluster (AOF on) and
+    the queues on a private standalone Redis (``[broker] url``); ``restart_redis`` then kills
+    and restarts every master."""
 
     def __init__(
         self,
@@ -129,6 +134,7 @@ class Cluster:
         sections: dict[str, dict[str, Any]] | None = None,
         *,
         appendonly: bool = True,
+        topology: Literal["standalone", "redis-cluster"] = "standalone",
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -138,15 +144,21 @@ class Cluster:
         self.logs.mkdir(exist_ok=True)
         redis_dir = root / "redis"
         redis_dir.mkdir(exist_ok=True)
-        self.redis = EmbeddedRedis(directory=redis_dir, appendonly=appendonly)
-        self.url = self.redis.url  # its port is chosen already; it starts once all is valid
-        self.config = write_config(
-            root / "compactor.toml",
-            merged(
-                DEFAULT_SECTIONS, {"compaction": {"transcript_dir": self.transcripts}}, sections
-            ),
-        )
+        self.topology = topology
+        self.redis: Any
+        self.broker: EmbeddedRedis | None = None
+        own: dict[str, dict[str, Any]] = {"compaction": {"transcript_dir": self.transcripts}}
+        if topology == "redis-cluster":
+            self.redis = RedisClusterServers(redis_dir)
+            self.broker = EmbeddedRedis(directory=root / "broker", appendonly=True)
+            own["broker"] = {"url": self.broker.url}
+        else:
+            self.redis = EmbeddedRedis(directory=redis_dir, appendonly=appendonly)
+        self.url = self.redis.url  # its ports are chosen already; it starts once all is valid
+        self.config = write_config(root / "compactor.toml", merged(DEFAULT_SECTIONS, own, sections))
         self.settings: Settings = with_redis_url(load_settings(self.config, environ={}), self.url)
+        if self.broker is not None:
+            self.broker.start()
         self.redis.start()
         self.workers = Workers(self.url, self.config, self.logs)
         self.client = Client(self.settings)
@@ -156,11 +168,15 @@ class Cluster:
     # --- Redis ----------------------------------------------------------------------------
 
     def restart_redis(self, *, kill: bool = True, down_s: float = 0.0) -> None:
-        """Stop the server (SIGKILL by default) and start it again on the same port and dir."""
+        """Stop the server (SIGKILL by default) and start it again on the same port and dir
+        (on a Redis Cluster: every master, each from its own AOF and nodes.conf)."""
         self.redis.stop(kill=kill)
         if down_s:
             time.sleep(down_s)
-        self.redis.start()
+        if isinstance(self.redis, RedisClusterServers):
+            self.redis.restart()
+        else:
+            self.redis.start()
         # Kombu pools broker connections process-wide: the first broadcast (a worker ping) after
         # a restart meets a dead pooled connection. Flush them here, in the test process.
         for _ in range(5):
@@ -215,6 +231,8 @@ class Cluster:
         self.client.close()
         self.raw.close()
         self.redis.stop(kill=True)
+        if self.broker is not None:
+            self.broker.stop(kill=True)
 
 
 @pytest.fixture(name="make_cluster")
@@ -226,8 +244,9 @@ def make_cluster_fixture(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         *,
         appendonly: bool = True,
         name: str = "cluster",
+        topology: Literal["standalone", "redis-cluster"] = "standalone",
     ) -> Cluster:
-        cluster = Cluster(tmp_path / name, sections, appendonly=appendonly)
+        cluster = Cluster(tmp_path / name, sections, appendonly=appendonly, topology=topology)
         made.append(cluster)
         return cluster
 

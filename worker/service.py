@@ -132,6 +132,10 @@ class Service:
         if work.latest is None:  # the snapshot expired: the reconciler has nothing to retry
             self.state.settle_pending(conversation_id, None)
             return "expired"
+        # Handled already. A submission that died (or was refused) between its two steps may
+        # have left the conversation in cw:pending with nothing newer: settle it, or the
+        # reconciler would queue it again on every run (keys.py).
+        self.state.settle_pending(conversation_id, work.handled)
         return "superseded"
 
     def _parse(self, conversation_id: str, work: Work) -> ParsedSnapshot | None:

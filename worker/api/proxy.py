@@ -40,6 +40,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The conversation's next proxy revision, its counter renewed for stream_ttl_s (ARGV[1]).
+_NEXT_REVISION = """
+local revision = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return revision
+"""
+
 CONVERSATION_HEADER = "x-compactor-conversation"
 KEY_HEADER = "x-compactor-key"
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy sets itself.
@@ -222,10 +229,11 @@ class Proxy:
             if message is not None:
                 history.append(message)
             counter = keys.proxy_revision(plan.internal)
-            pipe = self.api.aredis.pipeline(transaction=True)
-            pipe.incr(counter)
-            pipe.expire(counter, self.api.settings.redis.stream_ttl_s)
-            revision, _ = await pipe.execute()
+            # One script, not MULTI: redis-py's asyncio cluster client mishandles transactions
+            # (its connections outlive the pipeline), and a script is atomic everywhere.
+            revision = await self.api.aredis.eval(
+                _NEXT_REVISION, 1, counter, self.api.settings.redis.stream_ttl_s
+            )
             snapshot: dict[str, Any] = {
                 "conversation_id": plan.internal,
                 "revision": int(revision),
