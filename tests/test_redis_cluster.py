@@ -36,6 +36,7 @@ from fault_support import (  # noqa: F401 - fixtures
     tagged,
     wait_until,
 )
+from http_support import Stack
 from service_support import (  # noqa: F401 - fixtures
     client_for,
     redis_server,
@@ -305,3 +306,41 @@ def test_the_service_keeps_working_through_a_sentinel_failover(
     finally:
         next(envs, None)  # stops the workers, closes the clients
         servers.stop()
+
+
+@pytest.mark.slow
+def test_the_http_api_on_a_cluster_submits_streams_and_counts(
+    tmp_path: Path, cluster_url: str, redis_url: str
+) -> None:
+    """``compactor serve`` with the state on the cluster: a snapshot submitted over HTTP, its
+    events followed over SSE (the asyncio cluster client's XREAD BLOCK), read as JSON, and
+    /metrics and /readyz answered (queue lengths from the broker's own Redis)."""
+    stack = Stack(
+        tmp_path, cluster_url, extra="[http]\nsse_keepalive_s = 1.0", broker_url=redis_url
+    )
+    stack.start()
+    try:
+        with stack.http() as client:
+            snap = small("c-http", 3)
+            r = client.post("/v1/conversations/c-http/snapshots", content=json.dumps(snap))
+            assert r.status_code == 202, r.text
+            seen: list[dict[str, Any]] = []
+            headers = {"Accept": "text/event-stream"}
+            with client.stream(
+                "GET", "/v1/conversations/c-http/events", headers=headers, timeout=90
+            ) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("data: "):
+                        seen.append(json.loads(line[len("data: ") :]))
+                        if seen[-1]["type"] == "compaction.skipped":
+                            break
+            assert seen[-1]["conversation_id"] == "c-http" and seen[-1]["revision"] == 3
+            listed = client.get("/v1/conversations/c-http/events").json()
+            assert [e["event_id"] for e in listed] == [e["event_id"] for e in seen]
+        with stack.http(key=None) as client:
+            assert client.get("/readyz").json()["ready"] is True
+            text = client.get("/metrics").text
+            assert "compactor_snapshots_evaluated_total 1" in text
+            assert 'compactor_queue_length{queue="compactor.evaluate"} 0' in text
+    finally:
+        stack.stop()

@@ -536,14 +536,14 @@ class RedisState:
 
 
 def _completed_events(stored: Iterable[bytes]) -> list[CompletedEvent]:
-    """The compactions kept in ``cw:last``, read tolerantly: one that cannot be read (written
+    """The compactions kept in ``cw:{conv}:last``, read tolerantly: one that cannot be read (written
     by a newer version, or damaged) is left out with a warning, never fails the evaluation."""
     out = []
     for raw in stored:
         try:
             event = parse_event(raw)
         except ValueError:
-            log.warning("ignoring an unreadable compaction event in cw:last", exc_info=True)
+            log.warning("ignoring an unreadable compaction event in cw:{conv}:last", exc_info=True)
             continue
         if isinstance(event, CompletedEvent):
             out.append(event)

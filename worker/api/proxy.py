@@ -10,7 +10,7 @@ first applies every completed compaction of that conversation that still matches
 the agent sent (``apply_compaction`` with its checks, in memory; those that do not match are
 skipped), forwards the shorter history, and once the reply is complete submits the history the
 agent sent plus the reply as the conversation's next snapshot (revision: a counter in Redis,
-``cw:proxyrev:{conv}``). Without the header a request is forwarded untouched.
+``cw:{<conv>}:proxyrev``). Without the header a request is forwarded untouched.
 """
 
 from __future__ import annotations
