@@ -29,7 +29,7 @@ from worker import keys
 from worker.config import RedisConfig, Settings, redis_url
 from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
 from worker.events import CompactionEvent, CompletedEvent, parse_event
-from worker.redis_target import DEFAULT_REDIS_URL, parse_redis_url
+from worker.redis_target import DEFAULT_REDIS_URL, RedisTarget, parse_redis_url
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,11 @@ def _retry() -> Retry:
     return Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=5)
 
 
+def _tls(target: RedisTarget) -> dict[str, Any]:
+    """TLS to the Sentinels themselves (``rediss+sentinel://``); the master's is in auth()."""
+    return {"ssl": True} if target.tls else {}
+
+
 _sync_cluster: Any = redis.cluster  # partly unannotated
 _sync_sentinel: Any = redis.sentinel
 _RETRY_ON = [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
@@ -109,9 +114,11 @@ def connect(url: str, *, socket_timeout_s: float = 10.0) -> Any:
         )
     sentinel = _sync_sentinel.Sentinel(
         target.nodes,
-        socket_timeout=socket_timeout_s,
-        sentinel_kwargs={"socket_timeout": socket_timeout_s, "socket_connect_timeout": 5.0},
-        **({"ssl": True} if target.tls else {}),
+        sentinel_kwargs={
+            "socket_timeout": socket_timeout_s,
+            "socket_connect_timeout": 5.0,
+            **_tls(target),
+        },
     )
     return sentinel.master_for(
         target.service, db=target.db, retry_on_error=_RETRY_ON, **target.auth(), **common
@@ -140,9 +147,7 @@ def connect_async(url: str, *, max_connections: int | None = None) -> Any:
         )
     async_sentinel: Any = redis.asyncio.sentinel  # partly unannotated
     sentinel = async_sentinel.Sentinel(
-        target.nodes,
-        sentinel_kwargs={"socket_connect_timeout": 5.0},
-        **({"ssl": True} if target.tls else {}),
+        target.nodes, sentinel_kwargs={"socket_connect_timeout": 5.0, **_tls(target)}
     )
     return sentinel.master_for(target.service, db=target.db, **target.auth(), **common)
 
