@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import redis  # noqa: E402
 
+from worker import keys  # noqa: E402
 from worker.celery_app import make_app  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.config import Settings, load_settings, with_broker_url, with_redis_url  # noqa: E402
@@ -237,7 +238,7 @@ def run_evaluations(
         warm += [(f"{tag}-{i}", size - grown_by) for i in range(count)]
     for conv, messages in warm:
         client.submit(json.dumps(snapshot(conv, messages or size, revision=0)).encode())
-    while not all(v is not None for v in r.mget([f"cw:handled:{conv}" for conv, _ in warm])):
+    while not all(v is not None for v in r.mget([keys.handled(conv) for conv, _ in warm])):
         time.sleep(0.005)
     for p in procs:
         p.send_signal(signal.SIGSTOP)
@@ -269,7 +270,7 @@ def _evaluated(r: Any) -> float:
 
 
 def _all_handled(r: Any, tag: str, count: int, revision: int) -> bool:
-    values = r.mget([f"cw:handled:{tag}-{i}" for i in range(count)])
+    values = r.mget([keys.handled(f"{tag}-{i}") for i in range(count)])
     return all(v is not None and int(v) >= revision for v in values)
 
 

@@ -21,10 +21,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 import redis
+from cluster_support import RedisClusterServers
 from service_support import OUTCOMES, Workers, conversation, purge_queues
 
 from worker.celery_app import MAINTENANCE_QUEUE, make_app
@@ -125,7 +126,11 @@ def wait_until(
 class Cluster:
     """A private Redis (own port and directory), worker subprocesses and a client. The task
     messages go through that Redis, or through ``broker`` (a RabbitMQ vhost's URL: the
-    ``broker`` fixture of :mod:`service_support`), purged here."""
+    ``broker`` fixture of :mod:`service_support`), purged here.
+
+    ``topology="redis-cluster"``: the state on a private 3-master Redis Cluster (AOF on) and
+    the queues on a private standalone Redis (``[broker] url``) unless ``broker`` is given;
+    ``restart_redis`` then kills and restarts every master."""
 
     def __init__(
         self,
@@ -134,6 +139,7 @@ class Cluster:
         *,
         appendonly: bool = True,
         broker: str | None = None,
+        topology: Literal["standalone", "redis-cluster"] = "standalone",
     ) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
@@ -143,19 +149,26 @@ class Cluster:
         self.logs.mkdir(exist_ok=True)
         redis_dir = root / "redis"
         redis_dir.mkdir(exist_ok=True)
-        self.redis = EmbeddedRedis(directory=redis_dir, appendonly=appendonly)
-        self.url = self.redis.url  # its port is chosen already; it starts once all is valid
-        self.config = write_config(
-            root / "compactor.toml",
-            merged(
-                DEFAULT_SECTIONS, {"compaction": {"transcript_dir": self.transcripts}}, sections
-            ),
-        )
+        self.topology = topology
+        self.redis: Any
+        self.queues_redis: EmbeddedRedis | None = None  # the cluster's queues, when no broker
+        own: dict[str, dict[str, Any]] = {"compaction": {"transcript_dir": self.transcripts}}
+        if topology == "redis-cluster":
+            self.redis = RedisClusterServers(redis_dir)
+            if broker is None:
+                self.queues_redis = EmbeddedRedis(directory=root / "broker", appendonly=True)
+                broker = self.queues_redis.url
+        else:
+            self.redis = EmbeddedRedis(directory=redis_dir, appendonly=appendonly)
+        self.url = self.redis.url  # its ports are chosen already; it starts once all is valid
+        self.config = write_config(root / "compactor.toml", merged(DEFAULT_SECTIONS, own, sections))
         self.broker = broker
         self.settings: Settings = with_broker_url(
             with_redis_url(load_settings(self.config, environ={}), self.url), broker
         )
-        if broker:
+        if self.queues_redis is not None:
+            self.queues_redis.start()
+        elif broker:
             purge_queues(broker)
         self.redis.start()
         self.workers = Workers(self.url, self.config, self.logs, broker=broker)
@@ -166,11 +179,15 @@ class Cluster:
     # --- Redis ----------------------------------------------------------------------------
 
     def restart_redis(self, *, kill: bool = True, down_s: float = 0.0) -> None:
-        """Stop the server (SIGKILL by default) and start it again on the same port and dir."""
+        """Stop the server (SIGKILL by default) and start it again on the same port and dir
+        (on a Redis Cluster: every master, each from its own AOF and nodes.conf)."""
         self.redis.stop(kill=kill)
         if down_s:
             time.sleep(down_s)
-        self.redis.start()
+        if isinstance(self.redis, RedisClusterServers):
+            self.redis.restart()
+        else:
+            self.redis.start()
         # Kombu pools broker connections process-wide: the first broadcast (a worker ping) after
         # a restart meets a dead pooled connection. Flush them here, in the test process.
         for _ in range(5):
@@ -225,6 +242,8 @@ class Cluster:
         self.client.close()
         self.raw.close()
         self.redis.stop(kill=True)
+        if self.queues_redis is not None:
+            self.queues_redis.stop(kill=True)
 
 
 @pytest.fixture(name="make_cluster")
@@ -237,8 +256,11 @@ def make_cluster_fixture(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
         appendonly: bool = True,
         name: str = "cluster",
         broker: str | None = None,
+        topology: Literal["standalone", "redis-cluster"] = "standalone",
     ) -> Cluster:
-        cluster = Cluster(tmp_path / name, sections, appendonly=appendonly, broker=broker)
+        cluster = Cluster(
+            tmp_path / name, sections, appendonly=appendonly, broker=broker, topology=topology
+        )
         made.append(cluster)
         return cluster
 

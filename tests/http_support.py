@@ -26,10 +26,15 @@ API_KEYS = {KEY_A: "acme", KEY_B: "globex"}
 class Stack:
     """A worker process and ``compactor serve``; ``base`` is the server's URL."""
 
-    def __init__(self, root: Path, redis_url: str, extra: str = "") -> None:
+    def __init__(
+        self, root: Path, redis_url: str, extra: str = "", *, broker_url: str | None = None
+    ) -> None:
+        """``broker_url``: the queues' own Redis, when ``redis_url`` is a cluster's."""
         self.root = root
         self.transcripts = root / "transcripts"
-        self.config = write_config(root / "compactor.toml", self.transcripts, extra)
+        self.config = write_config(
+            root / "compactor.toml", self.transcripts, extra, broker_url=broker_url
+        )
         logs = root / "logs"
         logs.mkdir(exist_ok=True)
         self.workers = Workers(redis_url, self.config, logs)

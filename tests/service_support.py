@@ -142,7 +142,11 @@ def broker(request: pytest.FixtureRequest) -> str | None:
     return url
 
 
-def write_config(path: Path, transcript_dir: Path, extra: str = "") -> Path:
+def write_config(
+    path: Path, transcript_dir: Path, extra: str = "", *, broker_url: str | None = None
+) -> Path:
+    """``broker_url``: the queues' own Redis (``[broker] url``), for a cluster state."""
+    broker = f'[broker]\nurl = "{broker_url}"\n' if broker_url else ""
     path.write_text(f"""
 [compaction]
 transcript_dir = "{transcript_dir}"
@@ -151,7 +155,7 @@ summary_max_output_tokens = 300
 [worker]
 log_format = "text"
 reconcile_after_s = 5.0
-""")
+{broker}""")
     return path
 
 
@@ -162,6 +166,7 @@ class Workers:
         self.url, self.config, self.logs = url, config, logs
         self.broker = broker  # None: the task messages go through the Redis at ``url``
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.clients: list[Client] = []  # made by client_for, closed by stop_all
 
     def settings(self) -> Settings:
         """What the workers resolve: the config file, this Redis and this broker."""
@@ -254,6 +259,9 @@ class Workers:
     def stop_all(self) -> None:
         for name in list(self.procs):
             self.stop(name)
+        for client in self.clients:
+            client.close()  # a cluster client's sockets are not closed when it is collected
+        self.clients.clear()
 
 
 @pytest.fixture
@@ -262,14 +270,24 @@ def service_env(
 ) -> Iterator[tuple[Path, Callable[..., Workers]]]:
     """(transcript dir, make_workers(extra_config=...)) with everything stopped afterwards; the
     workers use ``broker`` (the state's Redis unless the test is parametrized over brokers)."""
+    yield from service_env_on(tmp_path, redis_url, broker_url=broker)
+
+
+def service_env_on(
+    tmp_path: Path, state_url: str, *, broker_url: str | None = None
+) -> Iterator[tuple[Path, Callable[..., Workers]]]:
+    """:func:`service_env` with the state at ``state_url`` (a Redis Cluster, say) and the
+    queues at ``broker_url`` (default: the same Redis)."""
     transcripts = tmp_path / "transcripts"
     made: list[Workers] = []
 
     def make(extra: str = "") -> Workers:
-        config = write_config(tmp_path / f"compactor{len(made)}.toml", transcripts, extra)
+        config = write_config(
+            tmp_path / f"compactor{len(made)}.toml", transcripts, extra, broker_url=broker_url
+        )
         logs = tmp_path / "logs"
         logs.mkdir(exist_ok=True)
-        w = Workers(redis_url, config, logs, broker=broker)
+        w = Workers(state_url, config, logs, broker=broker_url)
         made.append(w)
         return w
 
@@ -279,7 +297,10 @@ def service_env(
 
 
 def client_for(workers: Workers) -> Client:
-    return Client(workers.settings())
+    """A client of the workers' Redis and broker, closed with them."""
+    client = Client(workers.settings())
+    workers.clients.append(client)
+    return client
 
 
 def wait_for_outcome(

@@ -13,6 +13,7 @@ import pytest
 import redis
 from service_support import redis_server, redis_url  # noqa: F401 - fixtures: a real Redis
 
+from worker import keys
 from worker.client import Client
 from worker.config import Settings, with_redis_url
 from worker.errors import InvalidSnapshot
@@ -149,7 +150,7 @@ def test_followers_receive_events_while_submits_run(redis_url: str) -> None:
 
 def test_a_stream_entry_that_is_not_an_event_is_skipped_not_fatal(redis_url: str) -> None:
     raw = redis.Redis.from_url(redis_url)
-    stream = "cw:events:c-odd"
+    stream = keys.events("c-odd")
     raw.xadd(stream, {"event": json.dumps({"type": "compaction.skipped"})})  # no ids at all
     good = {
         "type": "compaction.skipped",

@@ -94,9 +94,8 @@ def test_every_key_is_documented() -> None:
     text = (DOCS / "redis-protocol.md").read_text()
     names = [n for n in dir(keys) if callable(getattr(keys, n)) and not n.startswith("_")]
     for name in names:
-        key = getattr(keys, name)("{conv}", "{rev}") if name == "snapshot" else None
-        arg = {"published": "{event_id}", "webhooks": "{tenant}"}.get(name, "{conv}")
-        key = key or getattr(keys, name)(arg)
+        args = {"published": ("<conv>", "<event_id>"), "webhooks": ("<tenant>",)}
+        key = getattr(keys, name)(*args.get(name, ("<conv>",)))
         assert f"| `{key}` |" in text, key
     for key in (keys.RECENT, keys.PENDING, keys.METRICS):
         assert f"| `{key}` |" in text, key

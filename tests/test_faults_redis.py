@@ -31,6 +31,7 @@ from fault_support import (  # noqa: F401 - fixtures
 )
 from service_support import BROKERS, broker, rabbitmq_server  # noqa: F401 - fixtures
 
+from worker import keys
 from worker.cli_service import UP_WORKERS
 from worker.testing.standin_llm import StandinLLM
 
@@ -48,14 +49,19 @@ def reconciled(log: str) -> int:
     )
 
 
-@pytest.mark.parametrize("broker", BROKERS, indirect=True)
-def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster, broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("broker", "topology"),
+    [("redis", "standalone"), ("rabbitmq", "standalone"), ("redis", "redis-cluster")],
+    indirect=["broker"],
+)
+def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster, broker, topology: str) -> None:  # type: ignore[no-untyped-def]
     """Redis is killed (SIGKILL) and restarted on the same port and directory while snapshots
     are being submitted and summaries are in flight: the client's submissions all succeed, the
     workers reconnect by themselves, and every conversation reaches its outcome with whole
     transcripts and no duplicate compactions, without the reconciler. With RabbitMQ as the
     broker Redis is only the state: the queues and the deliveries in flight stay on RabbitMQ
-    through the restart."""
+    through the restart. On a Redis Cluster, every master is killed and restarted (the queues'
+    own Redis stays up)."""
     with StandinLLM(latency_s=0.3) as llm:
         cluster = make_cluster(
             {
@@ -65,6 +71,7 @@ def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster, broker) -> 
                 "worker": {"summarize_time_limit_s": 5.0, "reconcile_after_s": 60.0},
             },
             broker=broker,
+            topology=topology,
         )
         cluster.workers.start("eval", queues=EVALUATE_QUEUES, concurrency=2)
         cluster.workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=4)
@@ -86,7 +93,8 @@ def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster, broker) -> 
         submitter = threading.Thread(target=submit_all)
         submitter.start()
         wait_until(lambda: llm.stats()["in_flight"] > 0, timeout_s=10, what="summaries in flight")
-        assert cluster.raw.info("persistence")["aof_enabled"] == 1
+        if topology == "standalone":  # the cluster's masters all run with AOF on
+            assert cluster.raw.info("persistence")["aof_enabled"] == 1
         cluster.restart_redis(kill=True, down_s=1.0)
         submitter.join(timeout=30)
         assert not submitter.is_alive()
@@ -183,10 +191,11 @@ def test_reconcile_forgets_a_conversation_whose_snapshot_expired(make_cluster) -
     again, forever (``cw:pending`` has no TTL and only an outcome removes a member)."""
     cluster = make_cluster({"worker": {"reconcile_after_s": 0.5}}, appendonly=False)
     cluster.client.submit(tagged("c-expired", 1))  # no worker yet: it waits in the queue
-    for key in ("cw:snap:c-expired:1", "cw:latest:c-expired"):
+    gone = [keys.snapshot("c-expired"), keys.latest("c-expired")]
+    for key in gone:
         assert cluster.raw.pexpire(key, 1)  # the TTL runs out (a day, in production)
     time.sleep(0.05)
-    assert cluster.raw.exists("cw:snap:c-expired:1", "cw:latest:c-expired") == 0
+    assert cluster.raw.exists(*gone) == 0
     cluster.workers.start("w1", queues=ALL_QUEUES)
     wait_until(
         lambda: expired_evaluations(cluster.workers.log("w1")) >= 1,

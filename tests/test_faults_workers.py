@@ -29,6 +29,7 @@ from fault_support import (  # noqa: F401 - fixtures
 )
 from service_support import broker, rabbitmq_server  # noqa: F401 - fixtures
 
+from worker import keys
 from worker.cli_service import celery_command
 from worker.config import RedisConfig, WorkerConfig
 from worker.testing.standin_llm import StandinLLM
@@ -197,7 +198,7 @@ def test_sigkill_mid_summary_is_recovered_within_a_minute_by_beat(make_cluster) 
         wait_until(lambda: llm.stats()["in_flight"] > 0, timeout_s=20, what="a summary to kill")
         workers.stop("sum", sig=signal.SIGKILL)
         killed_at = time.monotonic()
-        assert cluster.raw.pttl(f"cw:lock:{conv}") > 0, "the dead worker's lease is still held"
+        assert cluster.raw.pttl(keys.lock(conv)) > 0, "the dead worker's lease is still held"
         llm.release()
         workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=2)
 
@@ -368,13 +369,13 @@ def test_worker_paused_past_its_lease_cannot_publish(make_cluster) -> None:  # t
         wait_until(lambda: llm.stats()["in_flight"] == 2, timeout_s=30, what="both summaries")
         workers.send("paused", signal.SIGSTOP)
         llm.release()
-        held = [cluster.raw.pttl(f"cw:lock:{c}") for c in (conv, orphan)]
+        held = [cluster.raw.pttl(keys.lock(c)) for c in (conv, orphan)]
         assert all(0 < ms <= lease_s * 1000 for ms in held), f"not held when paused: {held}"
 
         workers.start("other", queues=SUMMARIZE_QUEUE, concurrency=2)
         for c in (conv, orphan):
             wait_until(
-                lambda c=c: cluster.raw.pttl(f"cw:lock:{c}") < 0,
+                lambda c=c: cluster.raw.pttl(keys.lock(c)) < 0,
                 timeout_s=lease_s + 30,
                 what=f"the paused worker's lease on {c} to lapse",
             )

@@ -42,19 +42,20 @@ def documented_submit_script() -> str:
 
 
 def submit(r: redis.Redis, snapshot: dict[str, Any]) -> list[Any]:
-    """Steps 2 and 3: compress, then the script with the documented KEYS and ARGV."""
+    """Steps 2 to 5: compress, mark pending, the script with the documented KEYS and ARGV,
+    mark pending again."""
     conv, rev = snapshot["conversation_id"], snapshot["revision"]
     payload = zlib.compress(json.dumps(snapshot).encode("utf-8"))
-    keys = [
-        f"cw:snap:{conv}:{rev}",
-        f"cw:latest:{conv}",
-        f"cw:queued:{conv}",
-        "cw:pending",
-        f"cw:handled:{conv}",
-    ]
-    args = [payload, str(rev), SNAPSHOT_TTL_S, time.time(), conv, f"cw:snap:{conv}:"]
+    now = time.time()
+    r.execute_command("ZADD", "cw:pending", "NX", now, conv)
+    keys = [f"cw:{{{conv}}}:snapshot", f"cw:{{{conv}}}:latest", f"cw:{{{conv}}}:queued"]
+    keys.append(f"cw:{{{conv}}}:handled")
+    args = [payload, str(rev), SNAPSHOT_TTL_S]
     reply: list[Any] = r.eval(documented_submit_script(), len(keys), *keys, *args)
-    return [reply[0].decode(), int(reply[1])]
+    status = reply[0].decode()
+    if status != "superseded":
+        r.execute_command("ZADD", "cw:pending", "NX", now, conv)
+    return [status, int(reply[1])]
 
 
 def documented_message() -> dict[str, Any]:
@@ -114,7 +115,7 @@ def read_until_outcome(r: redis.Redis, conv: str, timeout_s: float = 60) -> list
     last = "0"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        reply = r.xread({f"cw:events:{conv}": last}, count=100, block=1000)
+        reply = r.xread({f"cw:{{{conv}}}:events": last}, count=100, block=1000)
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
                 assert list(fields) == [b"event"]
@@ -158,7 +159,7 @@ def test_a_snapshot_submitted_as_documented_is_compacted_and_its_events_read_as_
     r = redis.Redis.from_url(redis_url)
     snapshot = conversation("c-protocol", 12, revision=5)
     announce = r.pubsub()
-    announce.subscribe("cw:announce:c-protocol")
+    announce.subscribe("cw:{c-protocol}:announce")
 
     assert submit(r, snapshot) == ["queued", 5]
     assert submit(r, snapshot) == ["coalesced", 5]  # nothing else to do
@@ -180,7 +181,7 @@ def test_a_snapshot_submitted_as_documented_is_compacted_and_its_events_read_as_
         if message is not None and message["type"] == "message":
             announced.append(json.loads(message["data"]))
     assert announced == events
-    assert r.get("cw:handled:c-protocol") == b"5"
+    assert r.get("cw:{c-protocol}:handled") == b"5"
     assert r.zscore("cw:pending", "c-protocol") is None
     assert submit(r, snapshot) == ["superseded", 5]  # handled revisions are never redone
     announce.close()

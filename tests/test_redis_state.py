@@ -1,33 +1,59 @@
-"""The Redis adapter against a real Redis: what an evaluation leaves behind, and for how long."""
+"""The Redis adapter against a real Redis: what an evaluation leaves behind, and for how long.
+Every test runs on a standalone Redis and on a 3-master Redis Cluster (which refuses any
+command or script whose keys are in two slots)."""
 
 from __future__ import annotations
 
 import json
 import time
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
+from cluster_support import cluster_url, redis_cluster  # noqa: F401 - fixtures
 from service_support import (  # noqa: F401 - fixtures: a real Redis
     conversation,
     redis_server,
     redis_url,
 )
 
+from worker import keys
 from worker.config import Settings
-from worker.keys import published
 from worker.pipeline import Adapters, Pipeline
 from worker.redis_state import RedisState, connect
 from worker.service import Service
 from worker.stores.filesystem import FileStore
 
 
-def service(url: str, tmp_path: Path, **config: Any) -> Service:
+@pytest.fixture(params=["standalone", "cluster"])
+def state_url(request: pytest.FixtureRequest) -> str:
+    """A flushed standalone Redis, or the session's Redis Cluster flushed."""
+    return str(
+        request.getfixturevalue("redis_url" if request.param == "standalone" else "cluster_url")
+    )
+
+
+@pytest.fixture
+def open_client(state_url: str) -> Iterator[Callable[[], Any]]:
+    """Clients of ``state_url`` (standalone or cluster), all closed after the test."""
+    made: list[Any] = []
+
+    def open_one() -> Any:
+        made.append(connect(state_url))
+        return made[-1]
+
+    yield open_one
+    for client in made:
+        client.close()
+
+
+def service(client: Any, tmp_path: Path, **config: Any) -> Service:
     settings = Settings(compaction={"transcript_dir": str(tmp_path), **config})
     return Service(
         settings=settings,
-        state=RedisState(connect(url), settings.redis),
+        state=RedisState(client, settings.redis),
         pipeline=Pipeline(settings, Adapters(store=FileStore(tmp_path))),
         enqueue_summarize=lambda *_: None,
         enqueue_evaluate=lambda *_: None,
@@ -35,33 +61,33 @@ def service(url: str, tmp_path: Path, **config: Any) -> Service:
 
 
 def test_an_evaluation_remembers_its_event_ids_only_as_long_as_a_redelivery_can_come(
-    redis_url: str, tmp_path: Path
+    open_client: Any, tmp_path: Path
 ) -> None:
-    svc = service(redis_url, tmp_path, keep_recent_tool_results=1)
+    svc = service(open_client(), tmp_path, keep_recent_tool_results=1)
     snap = conversation("c-ttl", 4, window=1_000_000)
     svc.state.store_snapshot("c-ttl", 0, json.dumps(snap).encode())
     assert svc.evaluate("c-ttl") == "skipped"
     events = [e for _, e in svc.state.read_events("c-ttl")]
     assert [e["type"] for e in events] == ["tool_results.elided", "compaction.skipped"]
-    client = redis.Redis.from_url(redis_url)
+    client = open_client()
     limit = svc._evaluation_dedup_ttl_s()
     assert limit < svc.settings.redis.stream_ttl_s
     for event in events:
-        assert 0 < client.ttl(published(event["event_id"])) <= limit
+        assert 0 < client.ttl(keys.published("c-ttl", event["event_id"])) <= limit
     # A second delivery of the same evaluation finds nothing to do and publishes nothing.
     assert svc.evaluate("c-ttl") == "superseded"
     assert len(svc.state.read_events("c-ttl")) == 2
 
 
 def test_a_service_evaluates_a_grown_conversation_only_for_its_new_messages(
-    redis_url: str, tmp_path: Path, monkeypatch: Any
+    open_client: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
     """Through the whole evaluate step (Redis, parse, memo, projection): the second snapshot
     of a conversation counts only what differs from the first in the process that saw it (a
     new exchange, and the closing message that moved: its id, ``end21``, is new)."""
     import worker.projection as projection
 
-    svc = service(redis_url, tmp_path)
+    svc = service(open_client(), tmp_path)
     svc.state.store_snapshot(
         "c-grow", 1, json.dumps(conversation("c-grow", 20, window=1_000_000)).encode()
     )
@@ -80,57 +106,59 @@ def test_a_service_evaluates_a_grown_conversation_only_for_its_new_messages(
 
 
 def test_the_elided_event_of_a_revision_waiting_for_its_compaction_is_remembered_long(
-    redis_url: str, tmp_path: Path
+    open_client: Any, tmp_path: Path
 ) -> None:
     """Over the threshold the revision stays pending until its compaction is published, and
     the reconciler may evaluate it again meanwhile: its elided event id must not expire."""
-    svc = service(redis_url, tmp_path, keep_recent_tool_results=1)
+    svc = service(open_client(), tmp_path, keep_recent_tool_results=1)
     snap = conversation("c-over", 6, window=2000)
     svc.state.store_snapshot("c-over", 0, json.dumps(snap).encode())
     assert svc.evaluate("c-over") == "queued"
     events = [e for _, e in svc.state.read_events("c-over")]
     assert [e["type"] for e in events] == ["tool_results.elided"]
-    ttl = redis.Redis.from_url(redis_url).ttl(published(events[0]["event_id"]))
+    ttl = open_client().ttl(keys.published("c-over", events[0]["event_id"]))
     assert ttl > svc._evaluation_dedup_ttl_s()
 
 
 @pytest.mark.parametrize("first", [1, 10**14, 2**53 - 10])  # Lua writes 10**14 as 1e+14
 def test_only_the_newest_payload_of_a_conversation_is_kept(
-    redis_url: str, tmp_path: Path, first: int
+    open_client: Any, tmp_path: Path, first: int
 ) -> None:
-    """Older payloads are never read again; kept for their whole TTL, a long conversation
-    would hold every revision it ever submitted."""
-    svc = service(redis_url, tmp_path)
-    client = redis.Redis.from_url(redis_url)
-    stale = list(client.scan_iter(match="cw:*c-keep*"))  # from an earlier parameter
+    """Older payloads are never read again: one key holds the newest revision's, and a late
+    older revision changes nothing."""
+    svc = service(open_client(), tmp_path)
+    client = open_client()
+    stale = list(client.scan_iter(match="cw:{c-keep}:*"))  # from an earlier parameter
     if stale:
         client.delete(*stale)
     for revision in (first, first + 1, first + 2):
         snap = conversation("c-keep", 3 + revision - first, revision=revision, window=1_000_000)
         svc.state.store_snapshot("c-keep", revision, json.dumps(snap).encode())
-    newest = f"cw:snap:c-keep:{first + 2}".encode()
-    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [newest]
-    # An older revision arriving late is superseded and removes nothing.
+    assert client.get(keys.latest("c-keep")) == str(first + 2).encode()
+    stored = json.loads(zlib.decompress(client.get(keys.snapshot("c-keep"))))
+    assert stored["revision"] == first + 2
+    # An older revision arriving late is superseded and changes nothing.
     late = conversation("c-keep", 4, revision=first + 1, window=1_000_000)
     status = svc.state.store_snapshot("c-keep", first + 1, json.dumps(late).encode()).status
     assert status == "superseded"
-    assert sorted(client.scan_iter(match="cw:snap:c-keep:*")) == [newest]
+    stored = json.loads(zlib.decompress(client.get(keys.snapshot("c-keep"))))
+    assert stored["revision"] == first + 2
     assert svc.evaluate("c-keep") == "skipped"
     assert [e["revision"] for _, e in svc.state.read_events("c-keep")] == [first + 2]
 
 
 def test_reconcile_leaves_live_leases_alone_and_requeues_each_conversation_once_per_delay(
-    redis_url: str, tmp_path: Path
+    open_client: Any, tmp_path: Path
 ) -> None:
     """Issue 11: the reconciler re-queues a pending conversation whose lock lease is not alive
     (its holder died) and moves its score, so the next run does not re-queue it again; one
     whose lease is alive (a compaction in progress) is skipped and looked at again when that
     lease would lapse."""
     queued: list[str] = []
-    svc = service(redis_url, tmp_path)
+    svc = service(open_client(), tmp_path)
     svc.enqueue_evaluate = queued.append
     after_s = svc.settings.worker.reconcile_after_s
-    client = redis.Redis.from_url(redis_url)
+    client = open_client()
     for conv in ("c-dead", "c-busy"):
         svc.state.store_snapshot(conv, 1, json.dumps(conversation(conv, 2)).encode())
     long_ago = time.time() - 10 * after_s

@@ -1,6 +1,7 @@
 """End to end through a real Redis and real Celery worker processes (no eager mode); the tests
 marked ``ON_BOTH_BROKERS`` run twice: task messages on Redis, then on RabbitMQ (the state in
-Redis either way)."""
+Redis either way); the tests taking ``any_service_env`` also run with the state on a Redis
+Cluster."""
 
 from __future__ import annotations
 
@@ -8,19 +9,24 @@ import hashlib
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from cluster_support import cluster_service_env, cluster_url, redis_cluster  # noqa: F401
 from service_support import (  # noqa: F401 - fixtures
     BROKERS,
     broker,
     client_for,
     conversation,
+    purge_queues,
     rabbitmq_server,
     redis_server,
     redis_url,
     service_env,
+    service_env_on,
     wait_for_outcome,
 )
 
@@ -36,9 +42,22 @@ pytestmark = pytest.mark.slow
 ON_BOTH_BROKERS = pytest.mark.parametrize("broker", BROKERS, indirect=True)
 
 
-@ON_BOTH_BROKERS
-def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = service_env
+@pytest.fixture(params=["redis", "rabbitmq", "redis-cluster"])
+def any_service_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """``service_env`` three ways: all on one Redis; task messages on RabbitMQ (the state on
+    Redis); the state on a 3-master Redis Cluster (the queues on a standalone Redis)."""
+    if request.param == "redis-cluster":
+        yield request.getfixturevalue("cluster_service_env")
+        return
+    broker_url = None
+    if request.param == "rabbitmq":
+        broker_url = request.getfixturevalue("rabbitmq_server")
+        purge_queues(broker_url)
+    yield from service_env_on(tmp_path, request.getfixturevalue("redis_url"), broker_url=broker_url)
+
+
+def test_over_threshold_yields_one_completed_event_that_applies(any_service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = any_service_env
     workers = make()
     workers.start("w1")
     client = client_for(workers)
@@ -69,8 +88,8 @@ def test_over_threshold_yields_one_completed_event_that_applies(service_env) -> 
     assert [e.type for _, e in client.events("c-over")] == ["compaction.completed"]
 
 
-def test_under_threshold_is_skipped(service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = service_env
+def test_under_threshold_is_skipped(any_service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = any_service_env
     workers = make()
     workers.start("w1")
     client = client_for(workers)
@@ -156,9 +175,8 @@ def test_broker_message_is_small_whatever_the_snapshot_size(service_env) -> None
     client.close()
 
 
-@ON_BOTH_BROKERS
-def test_a_burst_of_submissions_coalesces(service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = service_env
+def test_a_burst_of_submissions_coalesces(any_service_env) -> None:  # type: ignore[no-untyped-def]
+    _, make = any_service_env
     workers = make()
     workers.start("w1", concurrency=4)
     client = client_for(workers)

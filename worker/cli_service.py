@@ -469,8 +469,8 @@ def classify_workers(active_queues: dict[str, list[dict[str, Any]]]) -> dict[str
 
 def cmd_status(args: argparse.Namespace) -> int:
     from worker.celery_app import QUEUES, make_app
-    from worker.queues import broker_kind, broker_url, queue_lengths, state_url
-    from worker.redis_state import RedisState, connect
+    from worker.queues import broker_kind, broker_url, queue_lengths
+    from worker.redis_state import RedisState, connect, state_url
 
     settings = _settings(args)
     state = RedisState(connect(state_url(settings)), settings.redis)
@@ -526,8 +526,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     from worker.metrics import render_prometheus, serve
-    from worker.queues import broker_url, queue_lengths, state_url
-    from worker.redis_state import RedisState, connect
+    from worker.queues import broker_url, queue_lengths
+    from worker.redis_state import RedisState, connect, state_url
 
     settings = _settings(args)
     state = RedisState(connect(state_url(settings)), settings.redis)

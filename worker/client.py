@@ -37,8 +37,8 @@ from worker.history import apply_compaction
 from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE, MAX_REVISION, WireFormat
 from worker.projection import CompressionCache, ProjectionPolicy
 from worker.projection import project as project_messages
-from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url, state_url
-from worker.redis_state import RedisState, SubmitResult, connect
+from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
+from worker.redis_state import RedisState, SubmitResult, connect, connect_async, state_url
 from worker.snapshots import decode_json, encode_json, media_rules
 from worker.transcripts import TranscriptStore, open_store
 
@@ -159,11 +159,7 @@ class Client:
         block_ms: int = 5000,
     ) -> AsyncIterator[tuple[str, CompactionEvent]]:
         """Async ``events``, with Redis' asyncio client (no thread is held while waiting)."""
-        import redis.asyncio
-
-        client: Any = redis.asyncio.Redis.from_url(
-            self._url, socket_connect_timeout=5.0, health_check_interval=15
-        )
+        client: Any = connect_async(self._url)
         stream = keys.events(conversation_id)
         try:
             while True:
@@ -171,7 +167,11 @@ class Client:
                     reply = await client.xread(
                         {stream: after}, count=100, block=block_ms if follow else None
                     )
-                except (redis.exceptions.RedisError, OSError) as exc:
+                except (
+                    redis.exceptions.RedisError,
+                    redis.exceptions.RedisClusterException,
+                    OSError,
+                ) as exc:
                     raise _async_redis_error(exc) from None
                 entries = [(e, f) for _s, batch in reply or [] for e, f in batch]
                 for entry_id, fields in entries:

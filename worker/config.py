@@ -427,8 +427,8 @@ def mask_url(url: str | None) -> str | None:
 
 
 def redis_url(settings: Settings) -> str | None:
-    """The Redis of the state (``[redis] url`` or ``COMPACTOR_REDIS_URL``), and of the task
-    messages unless ``[broker] url`` is set; None for embedded mode."""
+    """The state's Redis URL (``[redis] url`` or ``COMPACTOR_REDIS_URL``; the broker's too
+    unless ``[broker] url`` is set), or None for embedded mode."""
     return settings.redis.url.get_secret_value() if settings.redis.url else None
 
 

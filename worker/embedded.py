@@ -59,13 +59,17 @@ class EmbeddedRedis:
         appendonly: bool = False,
         password: str | None = None,
         host: str = "127.0.0.1",
+        extra_args: tuple[str, ...] = (),
     ) -> None:
-        self.host = host  # another address than loopback only for tests' private networks
+        """``host``: another address than loopback only for tests' private networks;
+        ``extra_args``: more ``redis-server`` options (``--cluster-enabled yes``, say)."""
+        self.host = host
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="compactor-redis-"))
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
+        self.extra_args = extra_args
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -97,6 +101,7 @@ class EmbeddedRedis:
         ]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.extra_args
         # The AOF holds snapshots and events: the directory is the owner's alone, and redis-server
         # creates every file in it (AOF, rewrites, log) 0600 and directory 0700, whatever the
         # caller's umask. chmod too: an existing directory may predate this rule.

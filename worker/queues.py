@@ -7,7 +7,7 @@ never imports Celery. docs/redis-protocol.md describes the message for other lan
 
 The broker is Redis (the state's, unless ``[broker] url`` names another) or RabbitMQ
 (``amqp://``, through kombu's py-amqp transport); the state is always in Redis
-(:func:`state_url`).
+(``worker.redis_state.state_url``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from worker.config import Settings, configured_broker_url, redis_url
 from worker.errors import ConfigError, RedisUnavailable
+from worker.redis_target import DEFAULT_REDIS_URL, is_shared_state_only
 
 __all__ = [
     "EVALUATE_QUEUE",
@@ -36,7 +37,6 @@ __all__ = [
     "broker_kind",
     "broker_url",
     "queue_lengths",
-    "state_url",
     "task_message",
 ]
 
@@ -50,20 +50,25 @@ SUMMARIZE_TASK = "compactor.summarize"
 PRUNE_TASK = "compactor.prune"
 RECONCILE_TASK = "compactor.reconcile"
 
-DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
-DEFAULT_BROKER = DEFAULT_REDIS
+DEFAULT_BROKER = DEFAULT_REDIS_URL
 
 BrokerKind = Literal["redis", "rabbitmq"]
 
 
-def state_url(settings: Settings) -> str:
-    """The Redis that holds the state (claim checks, locks, events, memos): ``[redis] url``."""
-    return redis_url(settings) or DEFAULT_REDIS
-
-
 def broker_url(settings: Settings) -> str:
-    """Where task messages travel: ``[broker] url``, else the state's Redis."""
-    return configured_broker_url(settings) or state_url(settings)
+    """Where task messages travel: ``[broker] url``, else the state's Redis, which then holds
+    both (not possible for a Redis Cluster or Sentinel state: kombu speaks neither)."""
+    configured = configured_broker_url(settings)
+    if configured is not None:
+        return configured
+    state = redis_url(settings) or DEFAULT_BROKER
+    if is_shared_state_only(state):
+        raise ConfigError(
+            "broker.url",
+            "required when redis.url is a Redis Cluster or Sentinel URL: the task queues need "
+            "a standalone Redis or RabbitMQ of their own",
+        )
+    return state
 
 
 def broker_kind(url: str) -> BrokerKind:

@@ -20,18 +20,32 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis
+import redis.cluster
+import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from worker import keys
-from worker.config import RedisConfig
+from worker.config import RedisConfig, Settings, redis_url
 from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
 from worker.events import CompactionEvent, CompletedEvent, parse_event
+from worker.redis_target import DEFAULT_REDIS_URL, RedisTarget, parse_redis_url
 
 log = logging.getLogger(__name__)
 
 RECENT_MAXLEN = 1000
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
+
+
+# Raised by the cluster client while slots move or a master fails over (its own retries spent):
+# like a connection error, the cluster may be whole again in a moment.
+_CLUSTER_TRANSIENT = (
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # MovedError too: a storm of redirections outlasted the retries
+    redis.exceptions.ClusterError,
+    redis.exceptions.SlotNotCoveredError,  # a master is down: its slots have no node now
+)
 
 
 @contextlib.contextmanager
@@ -47,68 +61,135 @@ def redis_errors(action: str) -> Iterator[None]:
             "Redis refused the credentials (check the password or ACL user in COMPACTOR_REDIS_URL)",
         ) from None
     except (
-        redis.exceptions.ConnectionError,
+        redis.exceptions.ConnectionError,  # also Sentinel's MasterNotFoundError
         redis.exceptions.TimeoutError,
         redis.exceptions.BusyLoadingError,
         redis.exceptions.ReadOnlyError,
+        *_CLUSTER_TRANSIENT,
     ) as exc:
         raise RedisUnavailable(f"redis unavailable while {action}: {type(exc).__name__}") from None
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # RedisClusterException is no RedisError; its other kinds (keys of two slots in one
+        # command) are bugs, reported as such.
         raise RedisUnavailable(f"redis error while {action}: {exc}", code="redis_error") from None
 
 
-def connect(url: str, *, socket_timeout_s: float = 10.0) -> redis.Redis:
-    """A client that retries a few times with backoff on connection errors (Redis restarts)."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=5.0,
-        health_check_interval=15,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=5),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+def state_url(settings: Settings) -> str:
+    """Where the state lives: ``[redis] url`` (``COMPACTOR_REDIS_URL``), else a local Redis."""
+    return redis_url(settings) or DEFAULT_REDIS_URL
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=5)
+
+
+def _tls(target: RedisTarget) -> dict[str, Any]:
+    """TLS to the Sentinels themselves (``rediss+sentinel://``); the master's is in auth()."""
+    return {"ssl": True} if target.tls else {}
+
+
+_sync_cluster: Any = redis.cluster  # partly unannotated
+_sync_sentinel: Any = redis.sentinel
+_RETRY_ON = [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+
+
+def connect(url: str, *, socket_timeout_s: float = 10.0) -> Any:
+    """A client for any form of ``[redis] url`` (:func:`worker.redis_target.parse_redis_url`):
+    a standalone Redis, a Redis Cluster or the master a Sentinel names. Each retries a few
+    times with backoff on connection errors (restarts, failovers)."""
+    target = parse_redis_url(url)
+    common: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": 5.0,
+        "health_check_interval": 15,
+        "retry": _retry(),
+    }
+    if target.kind == "standalone":
+        return redis.Redis.from_url(url, retry_on_error=_RETRY_ON, **common)
+    if target.kind == "cluster":
+        return redis.cluster.RedisCluster(
+            startup_nodes=[_sync_cluster.ClusterNode(h, p) for h, p in target.nodes],
+            **target.auth(),
+            **common,
+        )
+    sentinel = _sync_sentinel.Sentinel(
+        target.nodes,
+        sentinel_kwargs={
+            "socket_timeout": socket_timeout_s,
+            "socket_connect_timeout": 5.0,
+            **_tls(target),
+        },
+    )
+    return sentinel.master_for(
+        target.service, db=target.db, retry_on_error=_RETRY_ON, **target.auth(), **common
     )
 
 
+def connect_async(url: str, *, max_connections: int | None = None) -> Any:
+    """:func:`connect` for asyncio code (redis-py's asyncio clients), for long blocking reads:
+    no per-command timeout (``XREAD BLOCK`` waits as long as it was told)."""
+    import redis.asyncio
+    import redis.asyncio.cluster
+    import redis.asyncio.sentinel
+
+    target = parse_redis_url(url)
+    common: dict[str, Any] = {"socket_connect_timeout": 5.0, "health_check_interval": 15}
+    if max_connections is not None:
+        common["max_connections"] = max_connections
+    if target.kind == "standalone":
+        return redis.asyncio.Redis.from_url(url, **common)
+    if target.kind == "cluster":
+        return redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.nodes],
+            socket_timeout=None,
+            **target.auth(),
+            **common,
+        )
+    async_sentinel: Any = redis.asyncio.sentinel  # partly unannotated
+    sentinel = async_sentinel.Sentinel(
+        target.nodes, sentinel_kwargs={"socket_connect_timeout": 5.0, **_tls(target)}
+    )
+    return sentinel.master_for(target.service, db=target.db, **target.auth(), **common)
+
+
+# Every script touches one conversation's keys only, all passed in KEYS and all in the slot of
+# the conversation's hash tag (worker.keys): on a Redis Cluster each runs on one node. The
+# global keys (cw:pending, cw:recent, cw:metrics) are written around the scripts (keys.py).
+
 _SUBMIT = """
-local latest_text = redis.call('GET', KEYS[2])
-local latest = tonumber(latest_text or '-1')
-local handled = tonumber(redis.call('GET', KEYS[5]) or '-1')
+local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local handled = tonumber(redis.call('GET', KEYS[4]) or '-1')
 local rev = tonumber(ARGV[2])
 if rev < latest or rev <= handled then return {'superseded', math.max(latest, handled)} end
--- Only the newest payload is ever read: an older one would sit out its TTL for nothing. (Its
--- key is built from the stored text: Lua writes a number of 15+ digits as 1e+14.)
-if latest_text and latest < rev then redis.call('DEL', ARGV[6] .. latest_text) end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-redis.call('SET', KEYS[2], rev, 'EX', ARGV[3])
-redis.call('ZADD', KEYS[4], 'NX', ARGV[4], ARGV[5])
-if redis.call('SET', KEYS[3], rev, 'NX', 'EX', ARGV[3]) then return {'queued', rev} end
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+if redis.call('SET', KEYS[3], ARGV[2], 'NX', 'EX', ARGV[3]) then return {'queued', rev} end
 return {'coalesced', rev}
 """
 
 _PUBLISH = """
-if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return 'lease_lost' end
-if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return 'duplicate' end
+if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return {'lease_lost', 0} end
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return {'duplicate', 0} end
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[8], '*', 'event', ARGV[1])
-redis.call('PUBLISH', KEYS[4], ARGV[1])
+redis.call('PUBLISH', ARGV[12], ARGV[1])
+local newest = 0
 if ARGV[6] ~= '' then
-  local handled = tonumber(redis.call('GET', KEYS[6]) or '-1')
-  if tonumber(ARGV[6]) > handled then redis.call('SET', KEYS[6], ARGV[6], 'EX', ARGV[3]) end
-  local latest = tonumber(redis.call('GET', KEYS[8]) or '-1')
-  if tonumber(ARGV[6]) >= latest then redis.call('ZREM', KEYS[9], ARGV[9]) end
+  local handled = tonumber(redis.call('GET', KEYS[4]) or '-1')
+  if tonumber(ARGV[6]) > handled then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[3]) end
+  local latest = tonumber(redis.call('GET', KEYS[6]) or '-1')
+  if tonumber(ARGV[6]) >= latest then newest = 1 end
 end
-if ARGV[11] ~= '' then
-  redis.call('HSET', KEYS[11], 'd', ARGV[13], 'b', ARGV[11])
-  redis.call('EXPIRE', KEYS[11], ARGV[12])
+if ARGV[9] ~= '' then
+  redis.call('HSET', KEYS[7], 'd', ARGV[11], 'b', ARGV[9])
+  redis.call('EXPIRE', KEYS[7], ARGV[10])
 end
-for i = 14, #ARGV, 2 do redis.call('HINCRBYFLOAT', KEYS[10], ARGV[i], ARGV[i + 1]) end
 if ARGV[7] == '1' then
-  redis.call('LPUSH', KEYS[7], ARGV[1])
-  redis.call('LTRIM', KEYS[7], 0, ARGV[10] - 1)
-  redis.call('EXPIRE', KEYS[7], ARGV[3])
+  redis.call('LPUSH', KEYS[5], ARGV[1])
+  redis.call('LTRIM', KEYS[5], 0, ARGV[8] - 1)
+  redis.call('EXPIRE', KEYS[5], ARGV[3])
 end
-return 'published'
+return {'published', newest}
 """
 
 _TAKE = """
@@ -116,21 +197,12 @@ redis.call('DEL', KEYS[1])
 local latest = redis.call('GET', KEYS[2])
 local handled = redis.call('GET', KEYS[3]) or '-1'
 if not latest or tonumber(latest) <= tonumber(handled) then return {latest or false, handled} end
-local payload = redis.call('GET', ARGV[1] .. latest)
+local payload = redis.call('GET', KEYS[6])
 local digest = redis.call('HGET', KEYS[5], 'd')
 local memo = false
-if digest and digest ~= ARGV[2] then memo = redis.call('HGET', KEYS[5], 'b') end
+if digest and digest ~= ARGV[1] then memo = redis.call('HGET', KEYS[5], 'b') end
 return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), digest or false,
         memo}
-"""
-
-_SETTLE = """
-local latest = redis.call('GET', KEYS[1])
-if (ARGV[1] == '' and not latest) or (ARGV[1] ~= '' and latest and
-    tonumber(latest) <= tonumber(ARGV[1])) then
-  return redis.call('ZREM', KEYS[2], ARGV[2])
-end
-return 0
 """
 
 _ACQUIRE = """
@@ -190,7 +262,6 @@ class RedisState:
         self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._take = client.register_script(_TAKE)
-        self._settle = client.register_script(_SETTLE)
         self._release = client.register_script(_RELEASE)
 
     # --- snapshots ---------------------------------------------------------------------------
@@ -199,24 +270,23 @@ class RedisState:
         """Claim check: the payload stays in Redis; the broker message carries only ids."""
         ttl = self.config.snapshot_ttl_s
         packed = zlib.compress(payload, 1)
+        now = time.time()
         with redis_errors("storing a snapshot"):
+            # Pending before the snapshot exists (a crash after this leaves an entry the
+            # reconciler settles), and again after it: a publish may have removed the entry
+            # in between, having seen the older revision as the newest (keys.py).
+            self.client.zadd(keys.PENDING, {conversation_id: now}, nx=True)
             status, rev = self._submit(
                 keys=[
-                    keys.snapshot(conversation_id, revision),
+                    keys.snapshot(conversation_id),
                     keys.latest(conversation_id),
                     keys.queued(conversation_id),
-                    keys.PENDING,
                     keys.handled(conversation_id),
                 ],
-                args=[
-                    packed,
-                    revision,
-                    ttl,
-                    time.time(),
-                    conversation_id,
-                    _snapshot_prefix(conversation_id),
-                ],
+                args=[packed, revision, ttl],
             )
+            if _text(status) != "superseded":
+                self.client.zadd(keys.PENDING, {conversation_id: now}, nx=True)
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
 
     def take_work(self, conversation_id: str, *, known_memo: str = "") -> Work:
@@ -231,8 +301,9 @@ class RedisState:
                     keys.handled(conversation_id),
                     keys.last_compaction(conversation_id),
                     keys.memo(conversation_id),
+                    keys.snapshot(conversation_id),
                 ],
-                args=[_snapshot_prefix(conversation_id), known_memo],
+                args=[known_memo],
             )
         latest = int(reply[0]) if reply[0] else None
         handled = int(reply[1])
@@ -332,47 +403,64 @@ class RedisState:
         long as a redelivery can come."""
         conv = event.conversation_id
         is_completed = event.type == "compaction.completed"
+        as_json = event.to_json()
         with redis_errors("publishing an event"):
-            status = _text(
-                self._publish(
-                    keys=[
-                        keys.events(conv),
-                        keys.published(event.event_id),
-                        keys.lock(conv),
-                        keys.announce(conv),
-                        keys.RECENT,
-                        keys.handled(conv),
-                        keys.last_compaction(conv),
-                        keys.latest(conv),
-                        keys.PENDING,
-                        keys.METRICS,
-                        keys.memo(conv),
-                    ],
-                    args=[
-                        event.to_json(),
-                        dedup_ttl_s or self.config.stream_ttl_s,
-                        self.config.stream_ttl_s,
-                        self.config.stream_maxlen,
-                        fencing_token or "",
-                        "" if handled_revision is None else handled_revision,
-                        "1" if is_completed else "0",
-                        RECENT_MAXLEN,
-                        conv,
-                        LAST_COMPACTIONS,
-                        memo or "",
-                        self.config.snapshot_ttl_s,
-                        memo_digest,
-                        *[x for name, n in (counters or {}).items() for x in (name, n)],
-                    ],
-                )
+            status, newest = self._publish(
+                keys=[
+                    keys.events(conv),
+                    keys.published(conv, event.event_id),
+                    keys.lock(conv),
+                    keys.handled(conv),
+                    keys.last_compaction(conv),
+                    keys.latest(conv),
+                    keys.memo(conv),
+                ],
+                args=[
+                    as_json,
+                    dedup_ttl_s or self.config.stream_ttl_s,
+                    self.config.stream_ttl_s,
+                    self.config.stream_maxlen,
+                    fencing_token or "",
+                    "" if handled_revision is None else handled_revision,
+                    "1" if is_completed else "0",
+                    LAST_COMPACTIONS,
+                    memo or "",
+                    self.config.snapshot_ttl_s,
+                    memo_digest,
+                    keys.announce(conv),
+                ],
             )
+        status = _text(status)
         if status == "lease_lost":
             raise LeaseLost(f"lost the lock on {conv} before publishing; not published")
+        if status == "published":
+            self._fan_out(as_json, counters or {})
+            if newest and handled_revision is not None:
+                self._forget_pending(conv, handled_revision)
         return status  # type: ignore[return-value]
 
-    def is_published(self, event_id: str) -> bool:
+    def _fan_out(self, as_json: str, counters: dict[str, float]) -> None:
+        """The global side of a publish, after it (keys.py): the all-conversations stream and
+        the counters, in one round trip."""
+        with redis_errors("publishing an event"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(keys.RECENT, {"event": as_json}, maxlen=RECENT_MAXLEN, approximate=True)
+            for name, amount in counters.items():
+                pipe.hincrbyfloat(keys.METRICS, name, amount)
+            pipe.execute()
+
+    def _forget_pending(self, conversation_id: str, revision: int | None) -> None:
+        """Remove the conversation from ``cw:pending`` (its newest revision, ``revision``, or
+        with None its expired snapshot, is settled), and put it back at once if a submission
+        raised ``latest`` meanwhile: that submission may have found the entry still there."""
+        with redis_errors("updating pending conversations"):
+            self.client.zrem(keys.PENDING, conversation_id)
+            if not _settled(self.client.get(keys.latest(conversation_id)), revision):
+                self.client.zadd(keys.PENDING, {conversation_id: time.time()}, nx=True)
+
+    def is_published(self, conversation_id: str, event_id: str) -> bool:
         with redis_errors("checking an event"):
-            return bool(self.client.exists(keys.published(event_id)))
+            return bool(self.client.exists(keys.published(conversation_id, event_id)))
 
     def read_events(
         self,
@@ -413,10 +501,9 @@ class RedisState:
         """Stop reconciling the conversation: its ``revision`` has a final outcome (or, with
         None, its snapshot expired) and nothing newer was submitted meanwhile."""
         with redis_errors("updating pending conversations"):
-            self._settle(
-                keys=[keys.latest(conversation_id), keys.PENDING],
-                args=["" if revision is None else revision, conversation_id],
-            )
+            latest = self.client.get(keys.latest(conversation_id))
+        if _settled(latest, revision):
+            self._forget_pending(conversation_id, revision)
 
     def reschedule_pending(self, due: dict[str, float]) -> None:
         """Set, in one round trip, when the reconciler next looks at each conversation (a time
@@ -454,23 +541,26 @@ class RedisState:
 
 
 def _completed_events(stored: Iterable[bytes]) -> list[CompletedEvent]:
-    """The compactions kept in ``cw:last``, read tolerantly: one that cannot be read (written
+    """The compactions kept in ``cw:{conv}:last``, read tolerantly: one that cannot be read (written
     by a newer version, or damaged) is left out with a warning, never fails the evaluation."""
     out = []
     for raw in stored:
         try:
             event = parse_event(raw)
         except ValueError:
-            log.warning("ignoring an unreadable compaction event in cw:last", exc_info=True)
+            log.warning("ignoring an unreadable compaction event in cw:{conv}:last", exc_info=True)
             continue
         if isinstance(event, CompletedEvent):
             out.append(event)
     return out
 
 
-def _snapshot_prefix(conversation_id: str) -> str:
-    """The conversation's payload keys without the revision (the scripts append it)."""
-    return keys.snapshot(conversation_id, 0)[:-1]
+def _settled(latest: bytes | None, revision: int | None) -> bool:
+    """Whether nothing newer than ``revision`` (None: nothing at all) was submitted, given the
+    conversation's ``latest``."""
+    if revision is None:
+        return latest is None
+    return latest is not None and int(latest) <= revision
 
 
 def _text(value: Any) -> str:

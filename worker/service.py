@@ -133,6 +133,10 @@ class Service:
         if work.latest is None:  # the snapshot expired: the reconciler has nothing to retry
             self.state.settle_pending(conversation_id, None)
             return "expired"
+        # Handled already. A submission that died (or was refused) between its two steps may
+        # have left the conversation in cw:pending with nothing newer: settle it, or the
+        # reconciler would queue it again on every run (keys.py).
+        self.state.settle_pending(conversation_id, work.handled)
         return "superseded"
 
     def _parse(self, conversation_id: str, work: Work) -> ParsedSnapshot | None:
@@ -202,7 +206,9 @@ class Service:
             return "skipped"
         started = time.monotonic()
         event = self.pipeline.compact(
-            parsed, verdict.evaluation, already_published=self.state.is_published
+            parsed,
+            verdict.evaluation,
+            already_published=lambda event_id: self.state.is_published(conversation_id, event_id),
         )
         if event is None:
             return "duplicate"  # redelivered after it was published: no second LLM call

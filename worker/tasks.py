@@ -16,8 +16,8 @@ from worker.celery_app import app
 from worker.config import Settings
 from worker.errors import RedisUnavailable
 from worker.pipeline import Adapters, Pipeline
-from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE, state_url
-from worker.redis_state import RedisState, connect
+from worker.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE
+from worker.redis_state import RedisState, connect, state_url
 from worker.reuse import Reuse
 from worker.service import Service
 from worker.transcripts import open_store

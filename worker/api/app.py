@@ -46,7 +46,7 @@ from worker.errors import (
 )
 from worker.events import CompletedEvent, parse_event
 from worker.history import apply_compaction
-from worker.queues import state_url
+from worker.redis_state import connect_async, state_url
 from worker.snapshots import decode_json
 
 log = logging.getLogger(__name__)
@@ -78,11 +78,8 @@ class Api:
         self.keys: ApiKeys = load_api_keys(settings, os.environ if environ is None else environ)
         self.url = state_url(settings)
         self.client = Client(settings)
-        self.aredis: Any = redis.asyncio.Redis.from_url(
-            self.url,
-            socket_connect_timeout=5.0,
-            health_check_interval=15,
-            max_connections=settings.http.redis_max_connections,
+        self.aredis: Any = connect_async(
+            self.url, max_connections=settings.http.redis_max_connections
         )
         self.transcripts = self.client.store
         self.body_limit = settings.http.max_body_bytes or settings.compaction.max_snapshot_bytes
@@ -144,7 +141,7 @@ def _redis(action: str) -> Any:
         yield
     except redis.exceptions.AuthenticationError:
         raise ConfigError("redis.url", "Redis refused the credentials") from None
-    except (redis.exceptions.RedisError, OSError) as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         raise RedisUnavailable(f"redis unavailable while {action}: {type(exc).__name__}") from None
 
 
@@ -248,7 +245,11 @@ async def _sse(api: Api, stream: str, tenant: Tenant, after: str) -> AsyncIterat
     while True:
         try:
             reply = await api.aredis.xread({stream: after}, count=100, block=block_ms)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except (
+            redis.exceptions.RedisError,
+            redis.exceptions.RedisClusterException,
+            OSError,
+        ) as exc:
             log.warning("event stream: redis unavailable (%s); retrying", type(exc).__name__)
             yield b": redis unavailable, retrying\n\n"
             await asyncio.sleep(1.0)
@@ -426,7 +427,7 @@ async def _check_ready(api: Api) -> tuple[int, dict[str, Any]]:
 
     try:
         await api.aredis.ping()
-    except (redis.exceptions.RedisError, OSError) as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         return 503, {"ready": False, "redis": False, "error": type(exc).__name__}
 
     def kinds() -> dict[str, list[str]]:

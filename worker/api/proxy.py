@@ -10,7 +10,7 @@ first applies every completed compaction of that conversation that still matches
 the agent sent (``apply_compaction`` with its checks, in memory; those that do not match are
 skipped), forwards the shorter history, and once the reply is complete submits the history the
 agent sent plus the reply as the conversation's next snapshot (revision: a counter in Redis,
-``cw:proxyrev:{conv}``). Without the header a request is forwarded untouched.
+``cw:{<conv>}:proxyrev``). Without the header a request is forwarded untouched.
 """
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ if TYPE_CHECKING:
     from worker.api.auth import Tenant
 
 log = logging.getLogger(__name__)
+
+# The conversation's next proxy revision, its counter renewed for stream_ttl_s (ARGV[1]).
+_NEXT_REVISION = """
+local revision = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return revision
+"""
 
 CONVERSATION_HEADER = "x-compactor-conversation"
 KEY_HEADER = "x-compactor-key"
@@ -222,10 +229,11 @@ class Proxy:
             if message is not None:
                 history.append(message)
             counter = keys.proxy_revision(plan.internal)
-            pipe = self.api.aredis.pipeline(transaction=True)
-            pipe.incr(counter)
-            pipe.expire(counter, self.api.settings.redis.stream_ttl_s)
-            revision, _ = await pipe.execute()
+            # One script, not MULTI: redis-py's asyncio cluster client mishandles transactions
+            # (its connections outlive the pipeline), and a script is atomic everywhere.
+            revision = await self.api.aredis.eval(
+                _NEXT_REVISION, 1, counter, self.api.settings.redis.stream_ttl_s
+            )
             snapshot: dict[str, Any] = {
                 "conversation_id": plan.internal,
                 "revision": int(revision),

@@ -177,7 +177,11 @@ class Webhooks:
                     backlog = False  # the backlog is being delivered; from now on, new ones
             except asyncio.CancelledError:
                 raise
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except (
+                redis.exceptions.RedisError,
+                redis.exceptions.RedisClusterException,
+                OSError,
+            ) as exc:
                 log.warning("webhooks: redis unavailable (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(1.0)
 
@@ -208,7 +212,7 @@ class Webhooks:
         try:
             await asyncio.gather(*(self._deliver(h, body) for h in hooks))
             await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
-        except (redis.exceptions.RedisError, OSError):
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError):
             pass  # not acknowledged: delivered again after a restart
         finally:
             self._slots.release()
