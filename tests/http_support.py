@@ -37,7 +37,7 @@ class Stack:
         )
         logs = root / "logs"
         logs.mkdir(exist_ok=True)
-        self.workers = Workers(redis_url, self.config, logs)
+        self.workers = Workers(redis_url, self.config, logs, broker=broker_url)
         self.redis_url = redis_url
         self.server: subprocess.Popen[str] | None = None
         self.base = ""

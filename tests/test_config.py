@@ -597,7 +597,8 @@ def test_shown_settings_masks_secrets(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_the_broker_defaults_to_the_state_redis_and_amqp_selects_rabbitmq() -> None:
     from worker.celery_app import celery_config
-    from worker.queues import broker_kind, broker_url, state_url
+    from worker.queues import broker_kind, broker_url
+    from worker.redis_state import state_url
 
     plain = load_settings(None, environ={"COMPACTOR_REDIS_URL": "redis://state:6379/2"})
     assert broker_url(plain) == state_url(plain) == "redis://state:6379/2"

@@ -107,7 +107,7 @@ def connect(url: str, *, socket_timeout_s: float = 10.0) -> Any:
     if target.kind == "standalone":
         return redis.Redis.from_url(url, retry_on_error=_RETRY_ON, **common)
     if target.kind == "cluster":
-        return redis.cluster.RedisCluster(
+        return _PatientCluster(
             startup_nodes=[_sync_cluster.ClusterNode(h, p) for h, p in target.nodes],
             **target.auth(),
             **common,
@@ -123,6 +123,33 @@ def connect(url: str, *, socket_timeout_s: float = 10.0) -> Any:
     return sentinel.master_for(
         target.service, db=target.db, retry_on_error=_RETRY_ON, **target.auth(), **common
     )
+
+
+#: Pauses between the cluster client's attempts while no node answers (about 9 s in all): its
+#: own retries come back at once, so a restart of the cluster's masters would fail a command
+#: that the standalone client (Retry with backoff) rides out.
+CLUSTER_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.5, 2.0, 2.0, 2.0)
+
+
+def _cluster_unreachable(exc: Exception) -> bool:
+    """No node answered (the client could not even learn the slots), or one refused."""
+    if isinstance(exc, redis.exceptions.RedisClusterException):
+        return "cannot be connected" in str(exc)  # redis-py raises its base class for it
+    return isinstance(exc, (*_RETRY_ON, redis.exceptions.ClusterDownError))
+
+
+class _PatientCluster(redis.cluster.RedisCluster):
+    """redis-py's cluster client, with backoff between attempts while the cluster is down."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        for pause_s in CLUSTER_BACKOFF_S:
+            try:
+                return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                if not _cluster_unreachable(exc):
+                    raise
+            time.sleep(pause_s)
+        return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def connect_async(url: str, *, max_connections: int | None = None) -> Any:
