@@ -58,12 +58,24 @@ def measure(store: TranscriptStore, size: int, runs: int) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("urls", nargs="*", help="store URLs (default: a file store and moto's S3)")
+    parser.add_argument(
+        "urls",
+        nargs="*",
+        help="store URLs (default: a file store, moto's S3 and a PostgreSQL database)",
+    )
     parser.add_argument("--runs", type=int, default=200, help="writes of 100 KB per store")
     parser.add_argument("--big-runs", type=int, default=10, help="writes of 10 MB per store")
+    parser.add_argument(
+        "--postgres-admin",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="without URLs: a PostgreSQL where a database of the bench's own is made ('' skips)",
+    )
     args = parser.parse_args()
     server = None
+    database = None
     urls = list(args.urls)
+    if not urls and args.postgres_admin:
+        database = _bench_database(args.postgres_admin)
     if not urls:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
         from store_support import S3_ENVIRONMENT, S3Server
@@ -73,6 +85,8 @@ def main() -> None:
         server = S3Server(logs)
         server.start()
         urls = [(logs / "files").as_uri(), server.url(server.new_bucket())]
+        if database is not None:
+            urls.append(database[1])
     try:
         for url in urls:
             store = open_store(url)
@@ -85,6 +99,25 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
+        if database is not None:
+            _drop_database(args.postgres_admin, database[0])
+
+
+def _bench_database(admin_url: str) -> tuple[str, str]:
+    """A fresh database for the run: (its name, its URL)."""
+    import psycopg
+
+    name = f"compactor_bench_{os.getpid()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return name, admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 if __name__ == "__main__":
