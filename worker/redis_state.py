@@ -15,9 +15,9 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -29,6 +29,8 @@ from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientErr
 from worker.events import CompactionEvent, CompletedEvent, parse_event
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 RECENT_MAXLEN = 1000
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
@@ -57,14 +59,37 @@ def redis_errors(action: str) -> Iterator[None]:
         raise RedisUnavailable(f"redis error while {action}: {exc}", code="redis_error") from None
 
 
+class TransientRetry(Retry):
+    """redis-py's :class:`Retry`, except that refused credentials are not retried.
+
+    ``AuthenticationError`` is a ``ConnectionError`` to redis-py, so the plain policy would back
+    off for ~5 s before saying the password is wrong; a wrong password is not transient.
+    """
+
+    def call_with_retry(
+        self,
+        do: Callable[[], _T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> _T:
+        def transient(error: Exception) -> bool:
+            if isinstance(error, redis.exceptions.AuthenticationError):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, transient, with_failure_count)
+
+
 def connect(url: str, *, socket_timeout_s: float = 10.0) -> redis.Redis:
-    """A client that retries a few times with backoff on connection errors (Redis restarts)."""
+    """A client that retries a few times with backoff on connection errors (Redis restarts),
+    and fails at once when Redis refuses the credentials."""
     return redis.Redis.from_url(
         url,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=5.0,
         health_check_interval=15,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=5),
+        retry=TransientRetry(ExponentialBackoff(cap=2.0, base=0.1), retries=5),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
 
