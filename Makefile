@@ -16,8 +16,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/compactor up --config examples/demo.toml --submit examples/*-session.json --until-done
 
+# The suite waits on real processes and sockets more than it computes: TEST_PROCS pytest-xdist
+# processes (also on 2 cores). A test using a fixture its module shares runs in one process
+# with the rest of that module (tests/conftest.py); one file alone: $(PY) -m pytest FILE.
+TEST_PROCS ?= 4
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check worker tests bench examples
