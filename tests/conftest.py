@@ -23,20 +23,6 @@ settings.register_profile(
 settings.load_profile("shared-machine")
 
 
-SHARED_SCOPES = {"package", "module", "class"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """For ``make test`` (pytest-xdist, ``--dist loadgroup``): a test that uses a fixture shared
-    by its module (a Redis, workers, a stand-in LLM, a CLI batch) is grouped with its module, so
-    that fixture is set up once in one process; every other test may run in any process."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope in SHARED_SCOPES for chain in defs for d in chain):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     """The real conversations: ``$COMPACTOR_CORPUS_DIR``, else ``../shared/corpus/swe-trajectories``
