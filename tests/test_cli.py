@@ -521,6 +521,7 @@ CONFIG_COMMANDS = (
 )
 TEXT_COMMANDS = {k: FILE_COMMANDS[k] for k in ("compress", "decompress")}
 WRONG_PASSWORD = "wr0ng-pw-5b7e1c"
+RIGHT_PASSWORD = "right-pw-3c9a"
 CORRUPT_LONG_LISTING = (  # the ls -l form's header, then a first line without its date
     "[ls -l, single-spaced; a row without owner group or date has those of the first line]\n"
     "root root\n-rw-r--r-- 1 5 x"
@@ -550,10 +551,10 @@ def protected_redis(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Redis that wants a password; yields its URL with a wrong one."""
     from worker.embedded import EmbeddedRedis
 
-    server = EmbeddedRedis(directory=tmp_path_factory.mktemp("redis"), password="right-pw-3c9a")
+    server = EmbeddedRedis(directory=tmp_path_factory.mktemp("redis"), password=RIGHT_PASSWORD)
     url = server.start()
     try:
-        yield url.replace("right-pw-3c9a", WRONG_PASSWORD)
+        yield url.replace(RIGHT_PASSWORD, WRONG_PASSWORD)
     finally:
         server.stop()
 
@@ -609,6 +610,10 @@ def test_a_refused_password_from_the_broker_ping_is_the_same_error(protected_red
     from worker.errors import ConfigError
 
     app = make_app(with_redis_url(Settings(), protected_redis))
+    # kombu retries a refused password like any connection error (for ~6 s); the wrapping
+    # checked here is the same on the first attempt.
+    transport = app.conf.broker_transport_options
+    app.conf.broker_transport_options = {**transport, "max_retries": 0}
     try:
         with pytest.raises(ConfigError) as caught:
             ping(app, timeout_s=0.5)
@@ -616,3 +621,26 @@ def test_a_refused_password_from_the_broker_ping_is_the_same_error(protected_red
         app.close()
     assert caught.value.key == "redis.url"
     assert WRONG_PASSWORD not in str(caught.value)
+
+
+def test_a_refused_password_is_not_retried(protected_redis: str) -> None:
+    """A wrong password is not transient: redis-py counts AuthenticationError as a
+    ConnectionError, which ``connect()`` retries with backoff (~5 s), so the client must stop at
+    the first refusal. Redis' ACL log counts the refused attempts."""
+    import redis
+
+    from worker.errors import ConfigError
+    from worker.redis_state import connect, redis_errors
+
+    admin = redis.Redis.from_url(protected_redis.replace(WRONG_PASSWORD, RIGHT_PASSWORD))
+    try:
+        admin.acl_log_reset()
+        client = connect(protected_redis)
+        with pytest.raises(ConfigError) as caught, redis_errors("pinging"):
+            client.ping()
+        client.close()
+        assert caught.value.key == "redis.url"
+        refused = [entry for entry in admin.acl_log() if entry["reason"] == "auth"]
+        assert sum(entry["count"] for entry in refused) == 1, refused
+    finally:
+        admin.close()

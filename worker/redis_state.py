@@ -15,9 +15,9 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import redis
 import redis.cluster
@@ -32,6 +32,8 @@ from worker.events import CompactionEvent, CompletedEvent, parse_event
 from worker.redis_target import DEFAULT_REDIS_URL, RedisTarget, parse_redis_url
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 RECENT_MAXLEN = 1000
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
@@ -79,8 +81,30 @@ def state_url(settings: Settings) -> str:
     return redis_url(settings) or DEFAULT_REDIS_URL
 
 
+class TransientRetry(Retry):
+    """redis-py's :class:`Retry`, except that refused credentials are not retried.
+
+    ``AuthenticationError`` is a ``ConnectionError`` to redis-py, so the plain policy would back
+    off for ~5 s before saying the password is wrong; a wrong password is not transient.
+    """
+
+    def call_with_retry(
+        self,
+        do: Callable[[], _T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> _T:
+        def transient(error: Exception) -> bool:
+            if isinstance(error, redis.exceptions.AuthenticationError):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, transient, with_failure_count)
+
+
 def _retry() -> Retry:
-    return Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=5)
+    return TransientRetry(ExponentialBackoff(cap=2.0, base=0.1), retries=5)
 
 
 def _tls(target: RedisTarget) -> dict[str, Any]:
@@ -135,6 +159,8 @@ def _cluster_unreachable(exc: Exception) -> bool:
     """No node answered (the client could not even learn the slots), or one refused."""
     if isinstance(exc, redis.exceptions.RedisClusterException):
         return "cannot be connected" in str(exc)  # redis-py raises its base class for it
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return False  # a ConnectionError to redis-py, but a wrong password stays wrong
     return isinstance(exc, (*_RETRY_ON, redis.exceptions.ClusterDownError))
 
 
