@@ -1,5 +1,6 @@
 """docs/redis-protocol.md followed to the letter, with plain Redis commands and no worker.client:
-what a program in another language does. A real Celery worker process answers."""
+what a program in another language does. A real Celery worker process answers. With RabbitMQ as
+the broker, step 6 is published with py-amqp's plain AMQP 0-9-1 client (not kombu or Celery)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import uuid
 import zlib
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
+import amqp
 import pytest
 import redis
+from amqp import spec
 from jsonschema import Draft202012Validator
 from service_support import (  # noqa: F401 - fixtures: a real Redis and real workers
     broker,
     conversation,
+    purge_queues,
     rabbitmq_server,
     redis_server,
     redis_url,
@@ -59,7 +64,7 @@ def submit(r: redis.Redis, snapshot: dict[str, Any]) -> list[Any]:
 
 
 def documented_message() -> dict[str, Any]:
-    """The task message of step 4, as the page shows it."""
+    """The task message of step 6, as the page shows it."""
     section = PROTOCOL[PROTOCOL.index("<!-- protocol-submit -->") :]
     block = re.search(r"```json\n(.*?)```", section, re.S)
     assert block is not None
@@ -70,16 +75,26 @@ def documented_message() -> dict[str, Any]:
 EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
-def evaluate_message(conversation_id: str) -> bytes:
-    """Step 4: the page's message, with the fields its table says to fill in."""
+def documented_task(conversation_id: str) -> tuple[bytes, dict[str, Any], str]:
+    """Step 6's task, as its table says to fill it in: (the body's UTF-8 JSON, the page's
+    headers, the task id)."""
     task_id = str(uuid.uuid4())
     args = [conversation_id, time.time()]
-    message = documented_message()
-    message["body"] = base64.b64encode(json.dumps([args, {}, EMBED]).encode("utf-8")).decode()
-    headers, properties = message["headers"], message["properties"]
-    headers["id"] = headers["root_id"] = properties["correlation_id"] = task_id
+    headers = documented_message()["headers"]
+    headers["id"] = headers["root_id"] = task_id
     headers["argsrepr"] = repr(args)
     headers["origin"] = "4242@another-language"
+    return json.dumps([args, {}, EMBED]).encode("utf-8"), headers, task_id
+
+
+def evaluate_message(conversation_id: str) -> bytes:
+    """Step 6: the page's message, with the fields its table says to fill in."""
+    body, headers, task_id = documented_task(conversation_id)
+    message = documented_message()
+    message["body"] = base64.b64encode(body).decode()
+    message["headers"] = headers
+    properties = message["properties"]
+    properties["correlation_id"] = task_id
     properties["delivery_tag"] = str(uuid.uuid4())
     return json.dumps(message).encode()
 
@@ -149,6 +164,17 @@ def apply_as_documented(
     return [*messages[:i], *c["replacement"], *messages[j + 1 :]]
 
 
+def assert_completed_and_applies(outcome: dict[str, Any], snapshot: dict[str, Any]) -> None:
+    """The outcome is a compaction.completed that validates against docs/schemas and applies to
+    the snapshot, as events.md says and as worker.client applies it."""
+    conv = snapshot["conversation_id"]
+    assert outcome["type"] == "compaction.completed", outcome
+    schema = json.loads((REPO_ROOT / "docs/schemas/compaction.completed.schema.json").read_text())
+    assert list(Draft202012Validator(schema).iter_errors(outcome)) == []
+    applied = apply_as_documented(snapshot["messages"], outcome, conv)
+    assert applied == apply_compaction(snapshot["messages"], outcome, conversation_id=conv)
+
+
 def test_a_snapshot_submitted_as_documented_is_compacted_and_its_events_read_as_documented(
     service_env,  # type: ignore[no-untyped-def]
     redis_url: str,
@@ -167,12 +193,7 @@ def test_a_snapshot_submitted_as_documented_is_compacted_and_its_events_read_as_
     r.lpush("compactor.evaluate", evaluate_message("c-protocol"))
 
     events = read_until_outcome(r, "c-protocol")
-    outcome = events[-1]
-    assert outcome["type"] == "compaction.completed", outcome
-    schema = json.loads((REPO_ROOT / "docs/schemas/compaction.completed.schema.json").read_text())
-    assert list(Draft202012Validator(schema).iter_errors(outcome)) == []
-    applied = apply_as_documented(snapshot["messages"], outcome, "c-protocol")
-    assert applied == apply_compaction(snapshot["messages"], outcome, conversation_id="c-protocol")
+    assert_completed_and_applies(events[-1], snapshot)
 
     announced = []
     deadline = time.monotonic() + 10
@@ -190,4 +211,113 @@ def test_a_snapshot_submitted_as_documented_is_compacted_and_its_events_read_as_
     assert r.zscore("cw:pending", "c-protocol") is None
     assert submit(r, snapshot) == ["superseded", 5]  # handled revisions are never redone
     announce.close()
+    r.close()
+
+
+# "With RabbitMQ as the broker": step 6 as an AMQP 0-9-1 publish.
+RABBITMQ_SECTION = " ".join(PROTOCOL[PROTOCOL.index("### With RabbitMQ as the broker") :].split())
+EVALUATE = "compactor.evaluate"  # the exchange, the queue and the routing key
+
+
+def documented_amqp_properties() -> dict[str, Any]:
+    """The constant properties of the "Publish" item, read from the page (`name` `text` or
+    `name` number); the task id and the headers are the other two it names."""
+    found = re.findall(r"`([a-z_]+)` (?:`([^`]+)`|(\d+))", RABBITMQ_SECTION)
+    properties = {name: text or int(number) for name, text, number in found}
+    assert "`correlation_id` the task id" in RABBITMQ_SECTION
+    assert "`headers` the `headers` object above" in RABBITMQ_SECTION
+    return properties
+
+
+def amqp_connection(url: str) -> Any:
+    """py-amqp's connection to the vhost of ``amqp://user:password@host:port/vhost``."""
+    parts = urlsplit(url)
+    connection = amqp.Connection(
+        host=f"{parts.hostname}:{parts.port or 5672}",
+        userid=unquote(parts.username or "guest"),
+        password=unquote(parts.password or "guest"),
+        virtual_host=unquote(parts.path[1:]) or "/",
+    )
+    connection.connect()
+    return connection
+
+
+def queue_evaluation_on_rabbitmq(url: str, conversation_id: str) -> None:
+    """Step 6 on RabbitMQ, as the section says: declare, publish in confirm mode, wait for the
+    server's ack."""
+    body, headers, task_id = documented_task(conversation_id)
+    connection = amqp_connection(url)
+    try:
+        channel = connection.channel()
+        channel.exchange_declare(EVALUATE, "direct", durable=True, auto_delete=False)
+        channel.queue_declare(EVALUATE, durable=True, exclusive=False, auto_delete=False)
+        channel.queue_bind(EVALUATE, exchange=EVALUATE, routing_key=EVALUATE)
+        channel.confirm_select()
+        message = amqp.Message(
+            body,
+            correlation_id=task_id,
+            application_headers=headers,  # py-amqp's name for the `headers` property
+            **documented_amqp_properties(),
+        )
+        channel.basic_publish(message, exchange=EVALUATE, routing_key=EVALUATE)
+        confirms: list[tuple[Any, ...]] = []
+        channel.wait(
+            [spec.Basic.Ack, spec.Basic.Nack],
+            callback=lambda method, *args: confirms.append((method, *args)),
+            timeout=60,
+        )
+        assert confirms == [(spec.Basic.Ack, 1, False)]  # the first publish on the channel
+    finally:
+        connection.close()
+
+
+def test_the_documented_amqp_publish_is_what_the_python_client_publishes(
+    rabbitmq_server: str,
+) -> None:
+    purge_queues(rabbitmq_server)
+    documented = documented_message()
+    args = json.loads(base64.b64decode(documented["body"]))[0]
+    sender = TaskSender(rabbitmq_server)
+    try:
+        task_id = sender.send(EVALUATE, args, queue=EVALUATE)
+    finally:
+        sender.close()
+    connection = amqp_connection(rabbitmq_server)
+    try:
+        published = connection.channel().basic_get(EVALUATE, no_ack=True)
+    finally:
+        connection.close()
+    assert published is not None
+    assert published.delivery_info["exchange"] == published.delivery_info["routing_key"] == EVALUATE
+    body = published.body if isinstance(published.body, bytes) else published.body.encode()
+    assert body == json.dumps([args, {}, EMBED]).encode("utf-8")  # no envelope, no Base64
+    properties = dict(published.properties)
+    headers = properties.pop("application_headers")
+    assert properties.pop("correlation_id") == headers["id"] == headers["root_id"] == task_id
+    assert properties == documented_amqp_properties()
+    for varying in ("id", "root_id", "origin"):
+        headers.pop(varying)
+        documented["headers"].pop(varying)
+    assert headers == documented["headers"]
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+def test_a_snapshot_submitted_as_documented_with_rabbitmq_as_the_broker_is_compacted(
+    service_env,  # type: ignore[no-untyped-def]
+    redis_url: str,
+) -> None:
+    _, make = service_env
+    workers = make()
+    assert workers.broker is not None and workers.broker.startswith("amqp://")
+    workers.start("w1")  # it declares the queue first: the section's declarations must agree
+    r = redis.Redis.from_url(redis_url)
+    snapshot = conversation("c-protocol-amqp", 12, revision=5)
+
+    assert submit(r, snapshot) == ["queued", 5]  # steps 1-5 unchanged
+    assert r.llen(EVALUATE) == 0  # nothing on the state's Redis
+    queue_evaluation_on_rabbitmq(workers.broker, "c-protocol-amqp")
+
+    events = read_until_outcome(r, "c-protocol-amqp")
+    assert_completed_and_applies(events[-1], snapshot)
+    assert r.get("cw:{c-protocol-amqp}:handled") == b"5"
     r.close()
