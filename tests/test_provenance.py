@@ -20,9 +20,9 @@ from worker.events import CompletedEvent, Summary, parse_event
 from worker.pipeline import Adapters, Pipeline
 from worker.provenance import HEAD_IDS, MAX_SECTION_IDS, headings
 from worker.snapshots import parse_snapshot
+from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.tokens import count_tokens
-from worker.transcripts import TranscriptStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from corpus import conversations, corpus_dir
@@ -100,9 +100,7 @@ def _run(
     if revision is not None:
         snap["revision"] = revision
     parsed = parse_snapshot(snap, Settings())
-    event = Pipeline(parsed.settings, Adapters(store=TranscriptStore(root), llm=llm)).run(parsed)[
-        -1
-    ]
+    event = Pipeline(parsed.settings, Adapters(store=FileStore(root), llm=llm)).run(parsed)[-1]
     assert isinstance(event, CompletedEvent), event
     assert_recallable(event, root)
     return event
@@ -115,7 +113,7 @@ def sections(event: CompletedEvent) -> dict[str, list[str]]:
 def assert_recallable(event: CompletedEvent, transcript_dir: Path) -> None:
     """Every id the provenance lists resolves through the recall path: the transcript the event
     names (sha256-checked), the wire ids of its compacted range (call ids: their messages)."""
-    original = restore(event, transcript_dir=transcript_dir)
+    original = restore(event, store=transcript_dir)
     c = event.compaction
     in_range = formats.source_ids(original)[c.start : c.end]
     calls = {
@@ -426,7 +424,7 @@ def test_every_corpus_compaction_lists_recallable_sources(tmp_path: Path) -> Non
             small = {**small, "tools": hints}
         root = tmp_path / name
         parsed = parse_snapshot(small, Settings())
-        events = Pipeline(parsed.settings, Adapters(store=TranscriptStore(root))).run(parsed)
+        events = Pipeline(parsed.settings, Adapters(store=FileStore(root))).run(parsed)
         event = events[-1]
         assert isinstance(event, CompletedEvent), name
         assert_recallable(event, root)

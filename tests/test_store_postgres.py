@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import multiprocessing
 import os
 import secrets
 import socket
@@ -201,34 +200,49 @@ def test_threads_writing_conflicting_transcripts_one_wins(store: PostgresStore) 
     assert all(r.sha256 == hashlib.sha256(kept).hexdigest() for r in refs)
 
 
-def _forked_writer(store: PostgresStore, i: int, results: Any) -> None:
-    """In a forked child: the same transcript as every sibling, then one of its own."""
-    try:
-        shared = store.write("c-forked", 1, eid(1), b"the same bytes")
-        own = store.write("c-forked", 100 + i, eid(100 + i), f"child {i}".encode())
-        results.put((i, shared.uri, own.uri, None))
-    except BaseException as exc:  # reported to the parent
-        results.put((i, None, None, repr(exc)))
-    finally:
-        store.close()
+_FORKING_PROCESS = """
+import json, os, sys
+from worker.transcripts import open_store
+store = open_store(sys.argv[1])
+store.write("c-forked", 0, "%032x" % 0, b"before the fork")
+children = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:  # the child: the same transcript as every sibling, then one of its own
+        code = 0
+        try:
+            store.write("c-forked", 1, "%032x" % 1, b"the same bytes")
+            store.write("c-forked", 100 + i, "%032x" % (100 + i), b"child %d" % i)
+        except BaseException as exc:
+            print(repr(exc), file=sys.stderr, flush=True)
+            code = 1
+        finally:
+            store.close()
+        os._exit(code)
+    children.append(pid)
+codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+store.write("c-forked", 2, "%032x" % 2, b"after the fork")
+print(json.dumps({"codes": codes, "revisions": [t.revision for t in store.stored("c-forked")]}))
+store.close()
+"""
 
 
-def test_processes_forked_after_use_open_their_own_connections(store: PostgresStore) -> None:
+def test_processes_forked_after_use_open_their_own_connections(database: str, table: str) -> None:
     """The parent's pool is open when it forks; each child opens its own and never closes
-    the parent's sessions: afterwards the parent's store still works."""
-    store.write("c-forked", 0, eid(0), b"before the fork")
-    ctx = multiprocessing.get_context("fork")
-    results = ctx.Queue()
-    children = [ctx.Process(target=_forked_writer, args=(store, i, results)) for i in range(4)]
-    for child in children:
-        child.start()
-    outcomes = sorted(results.get(timeout=120) for _ in children)
-    for child in children:
-        child.join(timeout=60)
-    assert [o[3] for o in outcomes] == [None] * 4, outcomes
-    assert len({o[1] for o in outcomes}) == 1
-    assert [t.revision for t in store.stored("c-forked")] == [0, 1, 100, 101, 102, 103]
-    assert store.read(outcomes[0][2]) == b"child 0"
+    the parent's sessions: afterwards the parent's store still works. (In a process of its
+    own: forking this test process, with its many threads, could copy a lock some thread
+    holds.)"""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORKING_PROCESS, f"{database}?table={table}"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["codes"] == [0] * 4, proc.stderr[-3000:]
+    assert result["revisions"] == [0, 1, 2, 100, 101, 102, 103]
 
 
 _FRESH_PROCESS = """
