@@ -32,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
+from worker import keys
 from worker.celery_app import make_app
 from worker.cli_service import celery_command
 from worker.client import Client
@@ -313,6 +314,20 @@ def client_for(workers: Workers) -> Client:
     client = Client(workers.settings())
     workers.clients.append(client)
     return client
+
+
+def settled_counters(
+    client: Client, conversation_id: str, *, timeout_s: float = 30.0
+) -> dict[str, float]:
+    """The counters once the newest outcome's publish is complete: the worker adds its counters
+    (and the ``cw:recent`` entry) right after the event, then takes the conversation off
+    ``cw:pending`` (separate commands: those keys are in no conversation's hash slot)."""
+    deadline = time.monotonic() + timeout_s
+    while client.state.client.zscore(keys.PENDING, conversation_id) is not None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{conversation_id} still pending after {timeout_s}s")
+        time.sleep(0.02)
+    return client.state.counters()
 
 
 def wait_for_outcome(

@@ -27,6 +27,7 @@ from service_support import (  # noqa: F401 - fixtures
     redis_url,
     service_env,
     service_env_on,
+    settled_counters,
     wait_for_outcome,
 )
 
@@ -76,7 +77,7 @@ def test_over_threshold_yields_one_completed_event_that_applies(any_service_env)
     assert tokens_of(applied, parsed, tokenizer_for("gpt-4.1")) == c.tokens_after
     assert c.tokens_after < outcome.trigger.threshold_tokens
     assert client.restore(outcome) == snap["messages"]
-    counters = client.state.counters()
+    counters = settled_counters(client, "c-over")
     assert counters["compactions_completed_total"] == 1
     assert counters["tokens_before_total"] == c.tokens_before
     assert counters["tokens_after_total"] == c.tokens_after
@@ -97,7 +98,7 @@ def test_under_threshold_is_skipped(any_service_env) -> None:  # type: ignore[no
     events = wait_for_outcome(client, "c-under")
     assert [e.type for e in events] == ["compaction.skipped"]
     assert events[0].trigger.projected_tokens <= events[0].trigger.threshold_tokens
-    counters = client.state.counters()
+    counters = settled_counters(client, "c-under")
     assert counters["snapshots_evaluated_total"] == 1
     assert counters["compactions_skipped_total"] == 1
     assert counters["queue_lag_samples_total"] == 1
@@ -116,7 +117,7 @@ def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(ser
     client = client_for(workers)
     client.submit(conversation("c-grow", 10, revision=1, window=1_000_000))
     wait_for_outcome(client, "c-grow", revision=1)
-    before = client.state.counters()
+    before = settled_counters(client, "c-grow")
     assert before["tool_results_compressed_total"] == 10
     workers.stop("first")
 
@@ -124,7 +125,7 @@ def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(ser
     grown = conversation("c-grow", 12, revision=2, window=1_000_000)
     client.submit(grown)
     events = wait_for_outcome(client, "c-grow", revision=2)
-    after = client.state.counters()
+    after = settled_counters(client, "c-grow")
     assert after["tool_results_compressed_total"] - before["tool_results_compressed_total"] == 2
     # The two new exchanges: an assistant text, its arguments and a tool result each (a new
     # tool name or role would add one); none of the 22 earlier messages' texts.
@@ -208,7 +209,7 @@ def test_submissions_waiting_in_the_queue_are_evaluated_once_for_the_latest(serv
     all_events = [e for _, e in client.events("c-queued")]
     assert [e.revision for e in all_events] == [99] * len(all_events)
     assert [e.type for e in all_events].count("compaction.completed") == 1
-    assert client.state.counters()["snapshots_evaluated_total"] == 1
+    assert settled_counters(client, "c-queued")["snapshots_evaluated_total"] == 1
 
 
 def test_retention_keeps_exactly_the_configured_number(service_env) -> None:  # type: ignore[no-untyped-def]
