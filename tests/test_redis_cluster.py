@@ -339,8 +339,13 @@ def test_the_http_api_on_a_cluster_submits_streams_and_counts(
             assert [e["event_id"] for e in listed] == [e["event_id"] for e in seen]
         with stack.http(key=None) as client:
             assert client.get("/readyz").json()["ready"] is True
+            # The counters follow the event (commands of their own): wait for them.
+            deadline = time.monotonic() + 30
             text = client.get("/metrics").text
-            assert "compactor_snapshots_evaluated_total 1" in text
+            while "compactor_snapshots_evaluated_total 1" not in text:
+                assert time.monotonic() < deadline, text
+                time.sleep(0.1)
+                text = client.get("/metrics").text
             assert 'compactor_queue_length{queue="compactor.evaluate"} 0' in text
     finally:
         stack.stop()
