@@ -24,7 +24,8 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # The runtime dependencies exactly as locked (every version pinned, every file checked against
 # its sha256; `make lock` regenerates the file from pyproject.toml), in a layer of their own
-# that editing the code does not rebuild. No [dev] extras in a production image.
+# that editing the code does not rebuild: the runtime, `compactor serve` and the S3 and
+# PostgreSQL transcript stores (the Makefile's IMAGE_EXTRAS). No [dev] extras in a production image.
 COPY requirements.lock ./
 RUN pip install --require-hashes -r requirements.lock
 # Then the package alone: --no-deps installs nothing the lock did not, and

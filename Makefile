@@ -38,8 +38,12 @@ clean:
 # reproducible deployment). Resolved for every platform from Python 3.11 on; keeps the current
 # pins that pyproject.toml still allows (LOCK_FLAGS=--upgrade moves to the newest allowed).
 UV_VERSION := 0.13.8
+# The extras the Docker image holds: `compactor serve`, and the S3 and PostgreSQL stores that
+# running across hosts needs (the agent-framework adapters run in the agent, not here).
+IMAGE_EXTRAS := http s3 postgres
 LOCK_FLAGS ?=
 lock: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
-	$(VENV)/bin/uv pip compile pyproject.toml --universal --python-version 3.11 --generate-hashes \
+	$(VENV)/bin/uv pip compile pyproject.toml $(IMAGE_EXTRAS:%=--extra %) --universal \
+		--python-version 3.11 --generate-hashes \
 		--custom-compile-command "make lock" --output-file requirements.lock $(LOCK_FLAGS)

@@ -819,6 +819,8 @@ def test_lock_pins_every_runtime_dependency_inside_pyprojects_range(
             assert hashes and all(h.startswith("sha256:") for h in hashes), requirement.name
     required = [Requirement(r) for r in pyproject["project"]["dependencies"]]
     required += [Requirement(r) for r in pyproject["build-system"]["requires"]]
+    extras = pyproject["project"]["optional-dependencies"]
+    required += [Requirement(r) for extra in image_extras() for r in extras[extra]]
     assert required
     for wanted in required:
         entries = lock.get(canonicalize_name(wanted.name))
@@ -832,6 +834,20 @@ def test_lock_pins_every_runtime_dependency_inside_pyprojects_range(
     for tool in ("pytest", "hypothesis", "ruff", "mypy", "check-jsonschema"):
         assert tool not in lock, "the lock is for production: no [dev] extras"
     assert canonicalize_name(pyproject["project"]["name"]) not in lock
+
+
+def image_extras() -> list[str]:
+    """The extras the Makefile locks for the image (``IMAGE_EXTRAS``)."""
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    match = re.search(r"^IMAGE_EXTRAS := (.+)$", makefile, re.M)
+    assert match, "the Makefile names the image's extras (IMAGE_EXTRAS)"
+    return match.group(1).split()
+
+
+def test_the_image_holds_the_server_and_every_shared_store() -> None:
+    """Across hosts a deployment needs `compactor serve` and the S3 or PostgreSQL store: the
+    image's lock holds them (the agent-framework adapters belong to the agent)."""
+    assert set(image_extras()) == {"http", "s3", "postgres"}
 
 
 def test_locked_pins_are_checked_against_the_range() -> None:
