@@ -16,7 +16,10 @@ Reliability settings, and why:
   must outlast the longest task. Classic durable queues, persistent messages, publisher
   confirms (``rabbitmq_transport`` says why not quorum queues).
 - ``worker_prefetch_multiplier = 1``: a worker holds at most one extra message per slot, so a
-  crash strands little and a slow worker does not hoard work.
+  crash strands little and a slow worker does not hoard work. On RabbitMQ it also means the
+  next message comes only after the last one's acknowledgement; that was slow only because of
+  a kombu event-loop bug (:class:`PromptEventLoop`), not a reason for a higher prefetch (4
+  made the stall rarer, not gone, and would queue evaluations behind a long one).
 - ``accept_content = ["json"]``: pickle (and every other serializer) is refused.
 - ``broker_transport`` (Redis only): kombu's Redis transport with a workaround
   (:mod:`worker.broker`) for a kombu bug that made a busy worker exit when Redis restarted.
