@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from celery import Celery
 
-from worker.celery_app import celery_config
+from worker.celery_app import PromptEventLoop, celery_config
 from worker.config import load_settings
 
 app = Celery("noop", set_as_current=False)
 app.conf.update(celery_config(load_settings()))
 app.conf.task_routes = {"bench.noop": {"queue": "bench.noop"}}
+app.steps["worker"].add(PromptEventLoop)
 
 
 @app.task(name="bench.noop")

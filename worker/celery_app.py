@@ -16,10 +16,16 @@ Reliability settings, and why:
   must outlast the longest task. Classic durable queues, persistent messages, publisher
   confirms (``rabbitmq_transport`` says why not quorum queues).
 - ``worker_prefetch_multiplier = 1``: a worker holds at most one extra message per slot, so a
-  crash strands little and a slow worker does not hoard work.
+  crash strands little and a slow worker does not hoard work. On RabbitMQ it also means the
+  next message comes only after the last one's acknowledgement; that was slow only because of
+  a kombu event-loop bug (:class:`PromptEventLoop`), not a reason for a higher prefetch (4
+  made the stall rarer, not gone, and would queue evaluations behind a long one).
 - ``accept_content = ["json"]``: pickle (and every other serializer) is refused.
 - ``broker_transport`` (Redis only): kombu's Redis transport with a workaround
   (:mod:`worker.broker`) for a kombu bug that made a busy worker exit when Redis restarted.
+- :class:`PromptEventLoop` (a worker bootstep): a workaround for kombu's event loop, which
+  could sleep up to 2 s with an acknowledgement waiting to be sent (see there); on RabbitMQ,
+  with late acks and a small prefetch, that stalled a worker until its next timer.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import os
 import sys
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import setup_logging, worker_init
 
 from worker.broker import TRANSPORT as BROKER_TRANSPORT
@@ -55,6 +61,7 @@ __all__ = [
     "MAINTENANCE_QUEUE",
     "QUEUES",
     "SUMMARIZE_QUEUE",
+    "PromptEventLoop",
     "app",
     "broker_url",
     "make_app",
@@ -159,10 +166,59 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return config
 
 
+def wake_when_ready(hub: Any) -> bool:
+    """Make ``hub`` (a kombu event loop) poll without waiting while callbacks are ready.
+
+    The bug (kombu 5.7.0, the newest release; celery/celery#7718 and celery/kombu#1587 are the
+    same family): each turn of ``Hub.create_loop`` runs the callbacks that were ready at its
+    start, fires timers, then polls the sockets for up to the next timer (about 2 s in a
+    worker: its heartbeat). A callback queued with ``call_soon`` by the loop's own thread
+    while that turn runs sets no wakeup (only other threads' calls do), so it waits for the
+    poll. On py-amqp that is every turn: the transport's reader re-queues itself with
+    ``call_soon`` after reading a message, the next read happens among the ready callbacks,
+    and a task run there (``--pool solo``, or the prefork pool's bookkeeping) queues its
+    acknowledgement the same way. With ``task_acks_late`` and a prefetch of 1 per slot,
+    RabbitMQ sends the next message only after that acknowledgement, so nothing arrives to end
+    the poll: the worker sat idle until its heartbeat timer, about 1 s per message on
+    average, in bursts (measured: a solo worker draining no-op tasks at 37-130/s instead of
+    more than 1,000/s; evidence in the README's "Brokers"). Redis' transport reads in the
+    poll's own callbacks, so it was rarely hit.
+
+    The workaround: a tick callback (``Hub.on_tick``, run just before every poll, kept when
+    the hub is reset after a lost connection) that, while callbacks are ready, sets the hub's
+    own wakeup, so the poll returns at once and the next turn runs them. It reads two private
+    attributes of kombu's hub (``_ready``, ``_waker``); without them (another kombu) it
+    installs nothing and returns False, and ``tests/test_event_loop.py`` fails, so an upgrade
+    cannot drop it silently. Remove it when kombu's loop polls with a zero timeout while
+    callbacks are ready (that test's "kombu itself" case then fails)."""
+    if not hasattr(hub, "_ready") or not hasattr(hub, "_waker"):
+        return False
+
+    def wake_if_ready() -> None:
+        waker = hub._waker
+        if hub._ready and waker is not None:
+            waker.wake()
+
+    hub.on_tick.add(wake_if_ready)
+    return True
+
+
+class PromptEventLoop(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
+    """The worker's event loop with :func:`wake_when_ready` applied (a worker bootstep, after
+    Celery's ``Hub`` step; workers without an event loop have no hub and are left alone)."""
+
+    requires = ("celery.worker.components:Hub",)
+
+    def create(self, w: Any) -> None:
+        if getattr(w, "hub", None) is not None:
+            wake_when_ready(w.hub)
+
+
 def make_app(settings: Settings | None = None) -> Celery:
     resolved = settings or load_settings(os.environ.get("COMPACTOR_CONFIG") or None)
     app = Celery("worker", set_as_current=False)
     app.conf.update(celery_config(resolved))
+    app.steps["worker"].add(PromptEventLoop)
     app.conf.compactor_settings = resolved
     return app
 
