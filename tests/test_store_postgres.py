@@ -6,10 +6,11 @@ The server is ``$COMPACTOR_TEST_POSTGRES_URL`` (an admin URL), else
 ``postgresql://postgres@127.0.0.1:5432/postgres``; where none answers, the module is skipped
 with the reason.
 
-Covered: the store's promises (create-only, same bytes a no-op, conflicts, 10 MB), writers
-racing from threads and from processes (forked after the parent used the store), schema
-creation racing from fresh processes, retention by count, age and size, prunes racing each
-other and a writer; failures (a closed port, a server that goes away and comes back through a
+Covered here, beyond the per-store tests that also run on PostgreSQL (tests/test_transcripts.py:
+create-only, conflicts, concurrent writers, retention by count, prunes racing each other and a
+writer): one row per transcript, 10 MB, writers in processes forked after the parent used the
+store, schema creation racing from fresh processes, retention by age and size on exact
+``created_at`` values; failures (a closed port, a server that goes away and comes back through a
 loopback forwarder, a role without rights) as StorageError and, through the pipeline and a
 real worker, as ``compaction.failed`` with ``storage_unavailable``; a real worker whose
 ``Client.restore`` reads the transcript back from the table, sha256-checked.
@@ -26,7 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from service_support import REPO_ROOT
 from store_support import postgres_database  # noqa: F401 - fixture
 
 from worker.config import Settings
-from worker.errors import ConfigError, StorageError, TranscriptConflict
+from worker.errors import ConfigError, StorageError
 from worker.pipeline import Adapters, Pipeline
 from worker.snapshots import parse_snapshot
 from worker.transcripts import TranscriptKey, open_store, transcript_name
@@ -127,13 +128,6 @@ def test_same_bytes_twice_is_one_row(store: PostgresStore, database: str, table:
     assert rows(database, f"SELECT count(*) FROM {table}") == [(1,)]
 
 
-def test_same_name_other_bytes_is_refused(store: PostgresStore) -> None:
-    ref = store.write("c-1", 3, eid(3), b"original")
-    with pytest.raises(TranscriptConflict):
-        store.write("c-1", 3, eid(3), b"tampered")
-    assert store.read(ref.uri) == b"original"
-
-
 def test_a_10_mb_transcript(store: PostgresStore) -> None:
     payload = os.urandom(5 * 2**20).hex().encode()  # 10 MiB, incompressible
     ref = store.write("c-big", 1, eid(1), payload)
@@ -157,47 +151,6 @@ def test_listing_orders_by_conversation_then_revision(store: PostgresStore) -> N
 
 
 # --- concurrency ---------------------------------------------------------------------------------
-
-
-def run_threads(n: int, work: Callable[[int], object]) -> tuple[list[Any], list[BaseException]]:
-    results: list[Any] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(n)
-
-    def body(i: int) -> None:
-        barrier.wait()
-        try:
-            out = work(i)
-        except BaseException as exc:  # collected and asserted on by the caller
-            with lock:
-                errors.append(exc)
-        else:
-            with lock:
-                results.append(out)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads)
-    return results, errors
-
-
-def test_threads_writing_the_same_transcript(store: PostgresStore) -> None:
-    refs, errors = run_threads(8, lambda i: store.write("c-1", 9, eid(9), b"payload" * 1000))
-    assert errors == []
-    assert len(set(refs)) == 1
-    assert len(store.stored("c-1")) == 1
-
-
-def test_threads_writing_conflicting_transcripts_one_wins(store: PostgresStore) -> None:
-    refs, errors = run_threads(8, lambda i: store.write("c-1", 9, eid(9), f"w{i}".encode()))
-    assert len(refs) >= 1 and len(refs) + len(errors) == 8
-    assert all(isinstance(e, TranscriptConflict) for e in errors), errors
-    kept = store.read(refs[0].uri)
-    assert all(r.sha256 == hashlib.sha256(kept).hexdigest() for r in refs)
 
 
 _FORKING_PROCESS = """
@@ -335,22 +288,6 @@ def test_bad_urls_are_configuration_errors(url: str) -> None:
 # --- retention -----------------------------------------------------------------------------------
 
 
-def test_enforce_count_keeps_the_newest(store: PostgresStore) -> None:
-    fill(store, "c-1", range(1, 8))
-    other = fill(store, "c-2", range(1, 4))
-    removed = store.enforce_count("c-1", 3)
-    assert len(removed) == 4
-    assert [t.revision for t in store.stored("c-1")] == [5, 6, 7]
-    assert [t.uri for t in store.stored("c-2")] == list(other.values())
-    assert store.enforce_count("c-1", 3) == []
-
-
-def test_enforce_count_never_removes_the_protected_one(store: PostgresStore) -> None:
-    uris = fill(store, "c-1", range(1, 6))
-    store.enforce_count("c-1", 1, protect=uris[2])
-    assert [t.revision for t in store.stored("c-1")] == [2, 5]
-
-
 def test_prune_by_age(store: PostgresStore, database: str, table: str) -> None:
     fill(store, "a", range(4))
     for t in store.stored("a"):
@@ -396,53 +333,6 @@ def test_prune_all_limits_and_dry_run(store: PostgresStore, database: str, table
     assert store.stored() == before
     assert prune(dry_run=False) == [a[0]]
     assert a[0] not in {t.uri for t in store.stored()}
-
-
-def test_racing_prunes_remove_each_once_and_keep_the_rest(store: PostgresStore) -> None:
-    for cid in ("a", "b", "c"):
-        fill(store, cid, range(30))
-    removed_lists, errors = run_threads(
-        8, lambda i: store.prune(keep_per_conversation=5, max_age_s=None, max_total_bytes=None)
-    )
-    assert errors == []
-    removed = [u for lst in removed_lists for u in lst]
-    assert len(removed) == len(set(removed)) == 3 * 25
-    left = {(t.conversation_id, t.revision) for t in store.stored()}
-    assert left == {(cid, r) for cid in ("a", "b", "c") for r in range(25, 30)}
-
-
-def test_prunes_racing_a_writer_never_remove_a_kept_one(store: PostgresStore) -> None:
-    keep = 3
-    stop = threading.Event()
-    failures: list[BaseException] = []
-
-    def pruner() -> None:
-        try:
-            while not stop.is_set():
-                store.prune(keep_per_conversation=keep, max_age_s=None, max_total_bytes=None)
-        except BaseException as exc:  # surfaced below
-            failures.append(exc)
-
-    pruners = [threading.Thread(target=pruner) for _ in range(3)]
-    for t in pruners:
-        t.start()
-    written: list[str] = []
-    try:
-        for r in range(40):
-            written.append(store.write("live", r, eid(r), f"revision {r}".encode()).uri)
-            store.enforce_count("live", keep, protect=written[-1])
-            present = {t.uri for t in store.stored("live")}
-            missing = [u for u in written[-keep:] if u not in present]
-            assert not missing, f"removed while retention keeps them: {missing}"
-    finally:
-        stop.set()
-        for t in pruners:
-            t.join(timeout=60)
-    assert failures == []
-    assert [t.revision for t in store.stored("live")] == [37, 38, 39]
-
-
-# --- failures ------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
