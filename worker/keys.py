@@ -22,6 +22,7 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:rerun`` | string flag | evaluate while locked | ``snapshot_ttl_s`` |
 | ``cw:{conv}:memo`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:last`` | list (event JSON, newest 8) | publish (completed) | ``stream_ttl_s`` |
+| ``cw:{conv}:composed`` | string (JSON, worker.composed) | publish (completed) | ``stream_ttl_s`` |
 | ``cw:{conv}:events`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
 | ``cw:{conv}:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:{conv}:announce`` | pub/sub channel | publish | none (not stored) |
@@ -67,6 +68,7 @@ __all__ = [
     "RECENT",
     "REJECTED_CONVERSATION",
     "announce",
+    "composed",
     "events",
     "fence",
     "handled",
@@ -127,6 +129,13 @@ def memo(conversation_id: str) -> str:
 
 def last_compaction(conversation_id: str) -> str:
     return _conversation_key(conversation_id, "last")
+
+
+def composed(conversation_id: str) -> str:
+    """Every completed compaction as one edit of the full history (worker.composed): what a
+    snapshot or proxied request that holds the full history needs, however many compactions
+    there were. Its size is bounded by one compaction's replacement, never by the history."""
+    return _conversation_key(conversation_id, "composed")
 
 
 def events(conversation_id: str) -> str:

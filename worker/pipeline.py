@@ -25,6 +25,7 @@ from worker.compaction import (
     plan_range,
     resolve_tool_policies,
 )
+from worker.composed import ComposedCompaction, apply_composed
 from worker.config import Settings
 from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
 from worker.events import (
@@ -218,31 +219,41 @@ class Pipeline:
         *,
         conversation_id: str | None = None,
         published: Sequence[CompletedEvent] = (),
+        composed: ComposedCompaction | None = None,
     ) -> ParsedSnapshot:
-        """The validated snapshot (InvalidSnapshot otherwise), with the compactions already
-        ``published`` for earlier revisions that it does not contain yet applied in order, so
-        it is evaluated against the compacted history. The conversation's last parse in this
-        process (by ``conversation_id``) is reused for the messages they share."""
+        """The validated snapshot (InvalidSnapshot otherwise), evaluated against the compacted
+        history: a full history (one that holds what the compactions replaced) gets every
+        compaction so far at once (``composed``); any other gets the compactions already
+        ``published`` for earlier revisions that it does not contain yet, applied in order.
+        The conversation's last parse in this process (by ``conversation_id``) is reused for
+        the messages they share."""
         recent = self.reuse.recent
         earlier = recent.get(conversation_id) if conversation_id else None
         parsed = parse_snapshot(payload, self.settings, earlier=earlier)
         if not isinstance(payload, Mapping):
             recent.put(parsed, len(payload))
-        return self._with_published(parsed, published)
+        return self._with_published(parsed, published, composed)
 
     def _with_published(
-        self, parsed: ParsedSnapshot, published: Sequence[CompletedEvent]
+        self,
+        parsed: ParsedSnapshot,
+        published: Sequence[CompletedEvent],
+        composed: ComposedCompaction | None = None,
     ) -> ParsedSnapshot:
-        messages = parsed.snapshot.messages
-        changed = False
-        for event in published:
-            if event.revision > parsed.revision:
-                continue
-            try:
-                messages = apply_compaction(messages, event, conversation_id=parsed.conversation_id)
-                changed = True
-            except EventMismatch:
-                continue  # already applied by the agent, or another branch of history
+        messages = _with_composed(parsed, composed)
+        changed = messages is not None
+        if messages is None:
+            messages = parsed.snapshot.messages
+            for event in published:
+                if event.revision > parsed.revision:
+                    continue
+                try:
+                    messages = apply_compaction(
+                        messages, event, conversation_id=parsed.conversation_id
+                    )
+                    changed = True
+                except EventMismatch:
+                    continue  # already applied by the agent, or another branch of history
         if not changed:
             return parsed
         raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
@@ -369,6 +380,20 @@ class Pipeline:
 
 
 # --- the steps, as functions ---------------------------------------------------------------
+
+
+def _with_composed(
+    parsed: ParsedSnapshot, composed: ComposedCompaction | None
+) -> list[dict[str, Any]] | None:
+    """The snapshot's messages with every compaction so far applied, when they are a full
+    history those compactions replaced part of; None otherwise."""
+    snap = parsed.snapshot
+    if composed is None or composed.format != snap.format or composed.revision > snap.revision:
+        return None
+    try:
+        return apply_composed(snap.messages, composed)
+    except EventMismatch:
+        return None  # a compacted history (the agent applies events itself), or an edited one
 
 
 def tokenizer_of(parsed: ParsedSnapshot, reuse: Reuse) -> Tokenizer:

@@ -26,6 +26,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from worker import keys
+from worker.composed import ComposedCompaction
 from worker.config import RedisConfig, Settings, redis_url
 from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
 from worker.events import CompactionEvent, CompletedEvent, parse_event
@@ -241,6 +242,7 @@ if ARGV[7] == '1' then
   redis.call('LPUSH', KEYS[5], ARGV[1])
   redis.call('LTRIM', KEYS[5], 0, ARGV[8] - 1)
   redis.call('EXPIRE', KEYS[5], ARGV[3])
+  if ARGV[13] ~= '' then redis.call('SET', KEYS[8], ARGV[13], 'EX', ARGV[3]) end
 end
 return {'published', newest}
 """
@@ -255,7 +257,7 @@ local digest = redis.call('HGET', KEYS[5], 'd')
 local memo = false
 if digest and digest ~= ARGV[1] then memo = redis.call('HGET', KEYS[5], 'b') end
 return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), digest or false,
-        memo}
+        memo, redis.call('GET', KEYS[7]) or false}
 """
 
 _ACQUIRE = """
@@ -298,6 +300,8 @@ class Work:
     # caller already knew that digest.
     memo_digest: str | None = None
     memo: bytes | None = None
+    # Every compaction so far as one edit of the full history (worker.composed), if any.
+    composed: ComposedCompaction | None = None
 
     @property
     def pending(self) -> bool:
@@ -355,6 +359,7 @@ class RedisState:
                     keys.last_compaction(conversation_id),
                     keys.memo(conversation_id),
                     keys.snapshot(conversation_id),
+                    keys.composed(conversation_id),
                 ],
                 args=[known_memo],
             )
@@ -371,6 +376,7 @@ class RedisState:
             compactions=compactions,
             memo_digest=_text(reply[4]) if reply[4] else None,
             memo=reply[5] or None,
+            composed=_composed(reply[6], compactions),
         )
 
     def handled_revision(self, conversation_id: str) -> int:
@@ -446,6 +452,7 @@ class RedisState:
         memo: bytes | None = None,
         memo_digest: str = "",
         dedup_ttl_s: int | None = None,
+        composed: ComposedCompaction | None = None,
     ) -> PublishStatus:
         """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
         record the handled revision, add ``counters`` and store the conversation's evaluation
@@ -453,7 +460,8 @@ class RedisState:
 
         ``dedup_ttl_s``: how long the event id is remembered against a second publish (default
         ``stream_ttl_s``); an event that only a redelivery could publish again needs it only as
-        long as a redelivery can come."""
+        long as a redelivery can come. ``composed``: with a completed event, every compaction
+        so far as one edit (stored in the same step, so it always includes the newest)."""
         conv = event.conversation_id
         is_completed = event.type == "compaction.completed"
         as_json = event.to_json()
@@ -467,6 +475,7 @@ class RedisState:
                     keys.last_compaction(conv),
                     keys.latest(conv),
                     keys.memo(conv),
+                    keys.composed(conv),
                 ],
                 args=[
                     as_json,
@@ -481,6 +490,7 @@ class RedisState:
                     self.config.snapshot_ttl_s,
                     memo_digest,
                     keys.announce(conv),
+                    composed.to_json() if composed is not None and is_completed else "",
                 ],
             )
         status = _text(status)
@@ -606,6 +616,21 @@ def _completed_events(stored: Iterable[bytes]) -> list[CompletedEvent]:
         if isinstance(event, CompletedEvent):
             out.append(event)
     return out
+
+
+def _composed(stored: bytes | None, compactions: list[CompletedEvent]) -> ComposedCompaction | None:
+    """The stored composition, when it can be read and includes the newest compaction kept in
+    ``cw:{conv}:last`` (a worker of a version before it existed may have published since)."""
+    if not stored:
+        return None
+    try:
+        composed = ComposedCompaction.model_validate_json(stored)
+    except ValueError:
+        log.warning("ignoring an unreadable cw:{conv}:composed", exc_info=True)
+        return None
+    if compactions and compactions[-1].event_id != composed.event_id:
+        return None
+    return composed
 
 
 def _settled(latest: bytes | None, revision: int | None) -> bool:

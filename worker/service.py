@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from worker.composed import compose
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost
 from worker.events import CompactionEvent, CompletedEvent, FailedEvent, rejected_event
@@ -148,7 +149,10 @@ class Service:
             return None
         try:
             return self.pipeline.parse(
-                work.payload, conversation_id=conversation_id, published=work.compactions
+                work.payload,
+                conversation_id=conversation_id,
+                published=work.compactions,
+                composed=work.composed,
             )
         except InvalidSnapshot as exc:
             event = rejected_event(
@@ -221,6 +225,9 @@ class Service:
             fencing_token=token,
             handled_revision=None if failed else latest,
             counters=counters,  # counted in the same step, and only if really published
+            composed=compose(work.composed, parsed.snapshot.messages, event)
+            if isinstance(event, CompletedEvent)
+            else None,
         )
         if failed:  # reported; not retried by the reconciler (a new submission retries it)
             self.state.settle_pending(conversation_id, latest)
