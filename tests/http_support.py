@@ -80,7 +80,16 @@ class Stack:
         url: str = json.loads(line)["http"]
         return url
 
+    def restart_server(self) -> None:
+        """A new ``compactor serve`` process (on a new port), the workers left running."""
+        self._stop_server()
+        self.start(workers=False)
+
     def stop(self) -> None:
+        self._stop_server()
+        self.workers.stop_all()
+
+    def _stop_server(self) -> None:
         if self.server is not None and self.server.poll() is None:
             os.killpg(self.server.pid, signal.SIGTERM)
             try:
@@ -90,7 +99,6 @@ class Stack:
                 self.server.wait()
         if self.server is not None and self.server.stdout is not None:
             self.server.stdout.close()
-        self.workers.stop_all()
 
     def http(self, key: str | None = KEY_A, **kw: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -265,6 +265,38 @@ def test_200_synthetic_turns_stay_under_the_window_and_undo_to_the_original(
     drive(cluster, "c-session-synthetic", synthetic_turns(200), window=6_000)
 
 
+def test_200_turns_stay_under_the_threshold_plus_a_turn_across_a_worker_restart(
+    cluster: Any,
+) -> None:
+    """The session applies each event itself: after the first compaction, every request stays
+    under the threshold plus one turn to the last of 200 turns, with the worker process
+    replaced midway (what matters is in Redis, not in a process)."""
+    window = 4_000
+    threshold = CompactionConfig().auto_compact_threshold(window)
+    assert threshold is not None
+    session = CompactingSession(
+        "c-session-bounded", client=cluster.client, model="gpt-4.1", context_window=window
+    )
+    turns = synthetic_turns(200, body=120)
+    turn_tokens = max(request_tokens(turn) for turn in turns[1:])
+    sizes: list[int] = []
+    try:
+        for k, turn in enumerate(turns):
+            if k == 100:
+                cluster.workers.stop("w1")
+                cluster.workers.start("w1", concurrency=4)
+            session.extend(turn)
+            wait_until(lambda: settled(session), what=lambda: session.status)
+            request = session.request_messages()
+            if session.compactions:
+                sizes.append(request_tokens(request))
+        assert len(session.compactions) >= 20, session.status
+        assert max(sizes) <= threshold + turn_tokens, (threshold, turn_tokens, sizes)
+        assert session.status.compactions_skipped == 0, session.status
+    finally:
+        session.close()
+
+
 # --- never blocking -----------------------------------------------------------------------
 
 

@@ -494,6 +494,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> Starlette:
+    from worker.api.compacted import compacted_route
     from worker.api.proxy import Proxy, proxy_routes
     from worker.api.webhooks import Webhooks
 
@@ -521,6 +522,7 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route(f"{conv}/events", conversation_events, methods=["GET"]),
         Route(f"{conv}/transcripts/{{revision}}", get_transcript, methods=["GET"]),
         Route(f"{conv}/messages/{{message_id}}", recall_message, methods=["GET"]),
+        Route("/v1/conversations/{conversation_id}/compacted", compacted_route, methods=["POST"]),
         Route("/v1/apply", apply, methods=["POST"]),
         Route("/v1/webhooks", create_webhook, methods=["POST"]),
         Route("/v1/webhooks", list_webhooks, methods=["GET"]),

@@ -6,11 +6,12 @@
 as it came, streamed chunk by chunk, errors included.
 
 With ``X-Compactor-Conversation: c-42`` (and ``X-Compactor-Key`` naming the tenant) the proxy
-first applies every completed compaction of that conversation that still matches the history
-the agent sent (``apply_compaction`` with its checks, in memory; those that do not match are
-skipped), forwards the shorter history, and once the reply is complete submits the history the
-agent sent plus the reply as the conversation's next snapshot (revision: a counter in Redis,
-``cw:{<conv>}:proxyrev``). Without the header a request is forwarded untouched.
+first applies the conversation's compactions to the history the agent sent (all of them at
+once when it is the full history, however many there were; :mod:`worker.api.compacted`),
+forwards the shorter history, and once the reply is complete submits the history the agent sent
+plus the reply as the conversation's next snapshot (revision: a counter in Redis,
+``cw:{<conv>}:proxyrev``). The reply carries ``X-Compactor-*`` headers saying what was applied
+and the conversation's newest outcome. Without the header a request is forwarded untouched.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from starlette.routing import Route
 from worker import formats, keys
 from worker.api.app import ApiError, _json_body
 from worker.api.auth import bearer
-from worker.errors import CompactorError, EventMismatch, InvalidSnapshot, TransientError
-from worker.history import apply_compaction
+from worker.api.compacted import compacted_history
+from worker.errors import CompactorError, InvalidSnapshot, TransientError
 
 if TYPE_CHECKING:
     from worker.api.app import Api
@@ -103,6 +104,7 @@ class _Plan:
     status: int = 0
     content_type: str = ""
     complete: bool = False
+    headers: dict[str, str] = field(default_factory=dict)  # what was applied, for the agent
 
 
 class Proxy:
@@ -155,6 +157,7 @@ class Proxy:
         if plan is not None:
             plan.status = reply.status_code
             plan.content_type = reply.headers.get("content-type", "")
+            back |= plan.headers
         return StreamingResponse(
             self._relay(reply, plan),
             status_code=reply.status_code,
@@ -195,22 +198,18 @@ class Proxy:
             return None, raw
         plan = _Plan(tenant, internal, upstream, body)
         try:
-            completed = await self.api.completed_events(internal)
+            result = await compacted_history(self.api, internal, upstream.wire, history)
         except TransientError as exc:  # Redis away: the agent's request still goes, as it came
             log.warning("proxy: forwarding %s uncompacted: %s", internal, exc.code)
+            plan.headers = {
+                "X-Compactor-Compactions": "0",
+                "X-Compactor-Warning": f"{exc.code}: sent uncompacted",
+            }
             return plan, raw
-        compacted, applied = history, 0
-        for _stream_id, event in reversed(completed):
-            if event.compaction.format != upstream.wire:
-                continue
-            try:
-                compacted = apply_compaction(compacted, event)
-                applied += 1
-            except EventMismatch:
-                continue
-        if not applied:
+        plan.headers = result.headers()
+        if not result.applied:
             return plan, raw
-        forwarded = body | {upstream.history: compacted}
+        forwarded = body | {upstream.history: result.messages}
         return plan, json.dumps(forwarded, ensure_ascii=False).encode("utf-8")
 
     async def _finish(self, plan: _Plan | None) -> None:

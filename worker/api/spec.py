@@ -134,6 +134,28 @@ def openapi() -> dict[str, Any]:
                         "conversation_id": {"type": "string"},
                     },
                 },
+                "CompactedRequest": {
+                    "type": "object",
+                    "required": ["messages"],
+                    "properties": {
+                        "messages": {"type": "array", "items": {"type": "object"}},
+                        "format": {"enum": ["openai", "anthropic", "responses"]},
+                    },
+                },
+                "Compacted": {
+                    "type": "object",
+                    "description": "The history to send, with the conversation's compactions "
+                    "applied (all at once when the history is the full one); also in the "
+                    "X-Compactor-* headers.",
+                    "required": ["messages", "applied"],
+                    "properties": {
+                        "messages": {"type": "array", "items": {"type": "object"}},
+                        "applied": {"type": "integer", "minimum": 0},
+                        "event_id": {"type": ["string", "null"]},
+                        "outcome": {"type": ["object", "null"]},
+                        "warning": {"type": ["string", "null"]},
+                    },
+                },
                 "WebhookRequest": {
                     "type": "object",
                     "required": ["url"],
@@ -251,6 +273,24 @@ def openapi() -> dict[str, Any]:
                     "responses": {
                         "200": _json(_ref("Recalled"), "The message, sha256-checked."),
                         **_errors(401, 404, 422, 503),
+                    },
+                }
+            },
+            f"{conv}/compacted": {
+                "post": {
+                    "operationId": "compactedHistory",
+                    "summary": "The history to send next: the conversation's compactions "
+                    "applied to the messages given (the full history, or one with some "
+                    "compactions applied).",
+                    "security": _SECURE,
+                    "parameters": [_CONVERSATION],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("CompactedRequest")}},
+                    },
+                    "responses": {
+                        "200": _json(_ref("Compacted"), "The compacted history."),
+                        **_errors(400, 401, 408, 413, 422, 503),
                     },
                 }
             },
