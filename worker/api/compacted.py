@@ -16,6 +16,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -23,7 +24,7 @@ from worker import keys
 from worker.api.app import Api, ApiError, _api, _json_body, _known_id, _redis
 from worker.composed import ComposedCompaction, apply_composed
 from worker.errors import EventMismatch
-from worker.events import OUTCOME_TYPES, parse_event
+from worker.events import OUTCOME_TYPES, CompletedEvent, parse_event
 from worker.history import apply_compaction
 
 # How many of the newest stream entries are read for the conversation's newest outcome: an
@@ -92,17 +93,15 @@ async def compacted_history(
     stored, entries = await _read(api, internal)
     outcome = _newest_outcome(entries)
     composed = _composed(stored)
-    if composed is not None and composed.format == wire:
+    if composed is not None and composed.format != wire:
+        composed = None
+    if composed is not None:
+        # Hashing a long history is CPU work: off the event loop, which serves every request.
         with contextlib.suppress(EventMismatch):
-            applied = apply_composed(messages, composed)
+            applied = await anyio.to_thread.run_sync(apply_composed, messages, composed)
             return CompactedHistory(applied, composed.compactions, composed.event_id, outcome)
-    out, count, newest = messages, 0, None
-    for _stream_id, event in reversed(await api.completed_events(internal)):
-        if event.compaction.format != wire:
-            continue
-        with contextlib.suppress(EventMismatch):
-            out = apply_compaction(out, event)
-            count, newest = count + 1, event.event_id
+    events = [e for _s, e in reversed(await api.completed_events(internal))]
+    out, count, newest = await anyio.to_thread.run_sync(_apply_matching, messages, events, wire)
     warning = None
     if not count and composed is not None:
         warning = (
@@ -110,6 +109,21 @@ async def compacted_history(
             "history (edited, or of another format): sent uncompacted"
         )
     return CompactedHistory(out, count, newest, outcome, warning)
+
+
+def _apply_matching(
+    messages: list[dict[str, Any]], events: list[CompletedEvent], wire: str
+) -> tuple[list[dict[str, Any]], int, str | None]:
+    """Each of ``events`` (oldest first) that matches, applied in turn: the history, how many
+    applied, and the newest applied."""
+    count, newest = 0, None
+    for event in events:
+        if event.compaction.format != wire:
+            continue
+        with contextlib.suppress(EventMismatch):
+            messages = apply_compaction(messages, event)
+            count, newest = count + 1, event.event_id
+    return messages, count, newest
 
 
 async def _read(api: Api, internal: str) -> tuple[bytes | None, list[Any]]:
