@@ -22,6 +22,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import secrets
 import socket
 import time
@@ -45,6 +46,13 @@ MAX_HOOKS_PER_TENANT = 20
 
 class UnsafeUrl(ValueError):
     """A webhook URL that may not be called."""
+
+
+_WEBHOOK_ID = re.compile(r"wh_[0-9a-f]{16}")
+
+
+def is_webhook_id(text: str) -> bool:
+    return _WEBHOOK_ID.fullmatch(text) is not None
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
