@@ -17,11 +17,14 @@ from urllib.parse import unquote_to_bytes
 
 import httpx
 import pytest
-from http_support import KEY_A, Stack, wait_events
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from http_support import KEY_A, KEY_B, Stack, wait_events
+from service_support import client_for, conversation, redis_server  # noqa: F401 - fixtures
 
+from worker.api.auth import STORAGE_FAILED, Tenant
 from worker.api.proxy import ROUTES as PROXY_ROUTES
 from worker.api.spec import openapi
+from worker.client import apply_compaction
+from worker.events import CompletedEvent
 
 pytestmark = pytest.mark.slow
 
@@ -354,3 +357,110 @@ def test_digits_of_other_scripts_never_read_another_revision(
         for limit in ("²", "9" * 5000, "١"):
             r = client.get(f"/v1/conversations/{CONV}/events", params={"limit": limit})
             assert r.status_code == 422 and r.json()["message"].startswith("limit:"), r.text
+
+
+def _sse_events(stack: Stack, path: str, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` events of an SSE stream."""
+    out: list[dict[str, Any]] = []
+    with (
+        stack.http() as client,
+        client.stream("GET", path, headers={"Accept": "text/event-stream"}) as stream,
+    ):
+        assert stream.status_code == 200
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                if len(out) == count:
+                    break
+    return out
+
+
+def test_a_tenant_is_shown_its_own_ids_and_a_transcript_reference_the_api_resolves(
+    stack: Stack, compacted: dict[str, Any], receiver: Receiver
+) -> None:
+    snap, done = compacted["snap"], compacted["done"]
+    revision = done["revision"]
+    reference = f"/v1/conversations/{CONV}/transcripts/{revision}"
+    # delivered to both hooks, each to an address its URL's host was checked at, with the
+    # URL's host in the Host header
+    deliveries = receiver.events("compaction.completed", 2)
+    port = receiver.url.split(":")[2].split("/")[0]
+    assert sorted(host for host, _ in deliveries) == [f"127.0.0.1:{port}", f"localhost:{port}"]
+    delivered = deliveries[0][1]
+    assert deliveries[1][1] == delivered
+    streamed = _sse_events(stack, f"/v1/conversations/{CONV}/events", len(compacted["events"]))
+    assert streamed == compacted["events"]
+    for shown in (done, delivered, next(e for e in streamed if e["type"] == done["type"])):
+        assert shown["conversation_id"] == CONV
+        assert shown["compaction"]["transcript"]["uri"] == reference
+        text = json.dumps(shown)
+        assert "acme:" not in text and str(stack.root) not in text  # no internal id, no path
+    assert {k: v for k, v in done.items() if k != "stream_id"} == delivered
+
+    with stack.http() as client:
+        # the reference resolves, with the key, to the transcript the event's digest names
+        t = client.get(reference)
+        assert t.status_code == 200, t.text
+        assert t.headers["x-transcript-sha256"] == done["compaction"]["transcript"]["sha256"]
+        assert t.json()["conversation_id"] == CONV and t.json()["messages"] == snap["messages"]
+        # apply and recall work with the event as shown
+        body = {"messages": snap["messages"], "event": done, "conversation_id": CONV}
+        a = client.post("/v1/apply", json=body)
+        assert a.status_code == 200, a.text
+        assert a.json()["messages"] == apply_compaction(snap["messages"], done)
+        first = done["compaction"]["first_id"]
+        recalled = client.get(f"/v1/conversations/{CONV}/messages/{first}")
+        assert recalled.status_code == 200, recalled.text
+        assert recalled.json()["conversation_id"] == CONV
+    with stack.http(key=KEY_B) as other:  # the same reference names nothing of another tenant
+        assert other.get(reference).status_code == 404
+
+    # internal readers keep the event as published: the store's own uri, which restores
+    internal = client_for(stack.workers)
+    published = [e for _, e in internal.events(f"acme:{CONV}") if isinstance(e, CompletedEvent)]
+    assert [e.event_id for e in published] == [done["event_id"]]
+    ref = published[0].compaction.transcript
+    assert ref is not None and ref.uri.startswith(str(stack.transcripts))
+    assert internal.restore(published[0]) == snap["messages"]
+
+
+def test_tenant_view_of_events_names_no_store() -> None:
+    """The shaping alone, for each store's uri and a storage failure's message."""
+    acme = Tenant("acme")
+    for uri in (
+        "/srv/transcripts/acme:c-9/000000000000000007-0123456789abcdef.json",
+        "postgresql://db.internal:5432/compactor/transcripts/acme:c-9/000000000000000007-0123456789abcdef.json",
+        "s3://bucket/prefix/acme:c-9/000000000000000007-0123456789abcdef.json",
+    ):
+        doc = {
+            "type": "compaction.completed",
+            "conversation_id": "acme:c-9",
+            "revision": 7,
+            "compaction": {"start": 1, "transcript": {"uri": uri, "sha256": "ab", "bytes": 3}},
+        }
+        shown = acme.event(doc)
+        assert shown["conversation_id"] == "c-9"
+        assert shown["compaction"] == {
+            "start": 1,
+            "transcript": {
+                "uri": "/v1/conversations/c-9/transcripts/7",
+                "sha256": "ab",
+                "bytes": 3,
+            },
+        }
+        assert doc["compaction"]["transcript"]["uri"] == uri  # the published event is unchanged
+    failed = {
+        "type": "compaction.failed",
+        "conversation_id": "acme:c-9",
+        "revision": 7,
+        "reason": "cannot write transcript to postgresql://db.internal:5432/compactor/t: down",
+        "error": {"code": "storage_unavailable", "message": "cannot write ... db.internal"},
+    }
+    shown = acme.event(failed)
+    assert shown["reason"] == shown["error"]["message"] == STORAGE_FAILED
+    conflict = failed | {
+        "reason": "a transcript of acme:c-9 exists",
+        "error": {"code": "transcript_conflict", "message": "a transcript of acme:c-9 exists"},
+    }
+    shown = acme.event(conflict)
+    assert shown["reason"] == shown["error"]["message"] == "a transcript of c-9 exists"

@@ -139,10 +139,7 @@ class Api:
 
 
 def _external_event(raw: bytes, tenant: Tenant, stream_id: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(raw)
-    doc["conversation_id"] = tenant.external(str(doc.get("conversation_id", "")))
-    doc["stream_id"] = stream_id
-    return doc
+    return tenant.event(json.loads(raw)) | {"stream_id": stream_id}
 
 
 @contextlib.contextmanager

@@ -98,13 +98,33 @@ def openapi() -> dict[str, Any]:
                 "Event": {
                     "type": "object",
                     "description": "An event (docs/events.md, docs/schemas/event.schema.json) "
-                    "with its stream_id.",
+                    "with its stream_id, as the tenant is shown it: its own conversation_id, "
+                    "and compaction.transcript.uri the path of getTranscript.",
                     "required": ["type", "conversation_id", "revision", "stream_id"],
                     "properties": {
                         "type": {"type": "string"},
                         "conversation_id": {"type": "string"},
                         "revision": {"type": "integer"},
                         "stream_id": {"type": "string"},
+                        "compaction": {
+                            "type": "object",
+                            "description": "compaction.completed only.",
+                            "properties": {
+                                "transcript": {
+                                    "type": ["object", "null"],
+                                    "properties": {
+                                        "uri": {
+                                            "type": "string",
+                                            "description": "/v1/conversations/{conversation_"
+                                            "id}/transcripts/{revision}: read it with the "
+                                            "same key.",
+                                        },
+                                        "sha256": {"type": "string"},
+                                        "bytes": {"type": "integer"},
+                                    },
+                                }
+                            },
+                        },
                     },
                 },
                 "Transcript": {

@@ -33,6 +33,7 @@ import httpx
 import redis
 
 from worker import keys
+from worker.api.auth import Tenant
 
 if TYPE_CHECKING:
     from worker.api.app import Api
@@ -210,7 +211,7 @@ class Webhooks:
         if not hooks:
             await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
             return
-        body = json.dumps(event | {"conversation_id": external}, ensure_ascii=False).encode()
+        body = json.dumps(Tenant(tenant).event(event), ensure_ascii=False).encode()
         await self._slots.acquire()
         task = asyncio.create_task(self._deliver_all(entry_id, hooks, body))
         self._deliveries.add(task)
