@@ -261,6 +261,15 @@ def cases() -> list[Case]:
     out += [
         Case("apply, not an object", "POST", f"/v1/apply{junk}", 422, "messages", (), b"[]"),
         Case("webhook url not text", "POST", f"/v1/webhooks{junk}", 422, "url", (), b'{"url": 5}'),
+        Case(
+            "webhook url unparsable",
+            "POST",
+            "/v1/webhooks",
+            422,
+            "url",
+            (),
+            b'{"url": "http://[::1"}',
+        ),
         Case("webhooks, junk query", "GET", f"/v1/webhooks{junk}", 200, None),
         Case("healthz, junk query", "GET", f"/healthz{junk}", 200, None),
         Case("openapi, junk query", "GET", f"/openapi.json{junk}", 200, None),
