@@ -46,13 +46,25 @@ from worker.errors import (
 )
 from worker.events import CompletedEvent, parse_event
 from worker.history import apply_compaction
+from worker.models import MAX_REVISION
 from worker.redis_state import connect_async, state_url
 from worker.snapshots import decode_json
 
 log = logging.getLogger(__name__)
 
-_STREAM_ID = re.compile(r"^(0|\$|\d{1,20}(-\d{1,20})?)$")
+# Numbers in paths, queries and headers: ASCII digits only ("\d" and str.isdigit() take
+# superscripts and other scripts' digits, which int() refuses or reads as another number), and
+# few of them, so int() never meets its digit limit.
+_DIGITS = re.compile(r"[0-9]{1,20}")
+_STREAM_ID = re.compile(r"0|\$|[0-9]{1,20}(-[0-9]{1,20})?")
+# Each part of a stream id (ms-seq) is an unsigned 64-bit integer; Redis answers a larger one
+# with an error, so it is refused here, before Redis sees it.
+STREAM_ID_PART_MAX = 2**64 - 1
+STREAM_ID_RULE = (
+    f"a stream id like 1700000000000-0 (ms-seq, each part at most {STREAM_ID_PART_MAX})"
+)
 MAX_EVENTS_PER_PAGE = 1000
+MAX_MESSAGE_ID = 256
 
 
 class ApiError(Exception):
@@ -127,10 +139,7 @@ class Api:
 
 
 def _external_event(raw: bytes, tenant: Tenant, stream_id: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(raw)
-    doc["conversation_id"] = tenant.external(str(doc.get("conversation_id", "")))
-    doc["stream_id"] = stream_id
-    return doc
+    return tenant.event(json.loads(raw)) | {"stream_id": stream_id}
 
 
 @contextlib.contextmanager
@@ -147,7 +156,7 @@ def _redis(action: str) -> Any:
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and _DIGITS.fullmatch(declared) and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks, size = [], 0
     try:
@@ -213,9 +222,8 @@ async def conversation_events(request: Request) -> Response:
     api = _api(request)
     tenant = api.tenant(request)
     internal = _known_id(tenant, request)
-    after = request.headers.get("last-event-id") or request.query_params.get("after", "0")
-    if not _STREAM_ID.fullmatch(after):
-        raise ApiError.of(422, "invalid_request", "after: not a stream id (like 1700000000000-0)")
+    after = _after(request)
+    limit = _int_param(request, "limit", 100, 1, MAX_EVENTS_PER_PAGE)
     if not await api.known(internal):
         raise ApiError.of(404, "not_found", NOT_FOUND)
     stream = keys.events(internal)
@@ -225,7 +233,6 @@ async def conversation_events(request: Request) -> Response:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    limit = _int_param(request, "limit", 100, 1, MAX_EVENTS_PER_PAGE)
     with _redis("reading events"):
         reply = await api.aredis.xread({stream: after}, count=limit)
     return JSONResponse(
@@ -273,24 +280,37 @@ def _known_id(tenant: Tenant, request: Request) -> str:
         raise ApiError(422, exc.to_dict()) from None
 
 
+def _after(request: Request) -> str:
+    """Where the events start: ``Last-Event-ID`` (an SSE client resuming), else ``after``."""
+    header = request.headers.get("last-event-id")
+    name, raw = (
+        ("Last-Event-ID", header) if header else ("after", request.query_params.get("after", "0"))
+    )
+    if _STREAM_ID.fullmatch(raw) and all(
+        int(part) <= STREAM_ID_PART_MAX for part in raw.split("-") if part != "$"
+    ):
+        return raw
+    raise ApiError.of(422, "invalid_request", f"{name}: not {STREAM_ID_RULE}")
+
+
+def _integer(raw: str, name: str, low: int, high: int) -> int:
+    if _DIGITS.fullmatch(raw) and low <= int(raw) <= high:
+        return int(raw)
+    raise ApiError.of(
+        422, "invalid_request", f"{name}: an integer from {low} to {high} (ASCII digits)"
+    )
+
+
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
     raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise ApiError.of(422, "invalid_request", f"{name}: an integer from {low} to {high}")
-    return int(raw)
+    return default if raw is None else _integer(raw, name, low, high)
 
 
 async def get_transcript(request: Request) -> Response:
     api = _api(request)
     tenant = api.tenant(request)
     internal = _known_id(tenant, request)
-    raw_revision = request.path_params["revision"]
-    if not raw_revision.isdigit():
-        raise ApiError.of(422, "invalid_request", "revision: must be an integer")
-    revision = int(raw_revision)
-
+    revision = _integer(request.path_params["revision"], "revision", 0, MAX_REVISION)
     data = await anyio.to_thread.run_sync(api.transcripts.read_revision, internal, revision)
     if data is None:
         raise ApiError.of(404, "not_found", f"no transcript of revision {revision} is kept")
@@ -306,6 +326,10 @@ async def recall_message(request: Request) -> Response:
     tenant = api.tenant(request)
     internal = _known_id(tenant, request)
     message_id = request.path_params["message_id"]
+    if len(message_id) > MAX_MESSAGE_ID:
+        raise ApiError.of(
+            422, "invalid_request", f"message_id: at most {MAX_MESSAGE_ID} characters"
+        )
     for stream_id, event in await api.completed_events(internal):
         ref = event.compaction.transcript
         if ref is None:
@@ -393,12 +417,15 @@ async def list_webhooks(request: Request) -> Response:
 
 
 async def delete_webhook(request: Request) -> Response:
+    from worker.api.webhooks import is_webhook_id
+
     api = _api(request)
     tenant = api.tenant(request)
+    webhook_id = request.path_params["webhook_id"]
+    if not is_webhook_id(webhook_id):
+        raise ApiError.of(422, "invalid_request", "webhook_id: not a webhook id (wh_...)")
     with _redis("deleting a webhook"):
-        found = await request.app.state.webhooks.delete(
-            tenant.name, request.path_params["webhook_id"]
-        )
+        found = await request.app.state.webhooks.delete(tenant.name, webhook_id)
     if not found:
         raise ApiError.of(404, "not_found", "no such webhook (for this API key)")
     return Response(status_code=204)
@@ -533,7 +560,7 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *proxy_routes(),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
@@ -542,3 +569,7 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
             HTTPException: _http_error,
         },
     )
+    # A path with an empty last segment (/v1/webhooks/) is a JSON 404, not a redirect (whose
+    # body is not JSON) to a route that may take other methods.
+    app.router.redirect_slashes = False
+    return app

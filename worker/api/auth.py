@@ -5,6 +5,9 @@ file named by ``[http] api_keys_file`` (the same shape), never from the TOML fil
 part of every key the service writes for it: the external conversation id ``c-42`` of tenant
 ``acme`` is the internal id ``acme:c-42``, so its Redis keys and transcript paths carry the
 tenant and no tenant can name another's data.
+
+What a tenant is shown of an event (:meth:`Tenant.event`) names neither the prefix nor where
+the service keeps its data: the transcript reference is the API path that serves it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from worker.config import Settings
 from worker.errors import ConfigError, InvalidSnapshot
@@ -25,6 +29,10 @@ API_KEYS_ENV = "COMPACTOR_API_KEYS"
 # never collide ("a:b" + "c" vs "a" + "b:c").
 TENANT_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
 _CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
+# Where a tenant reads a transcript; what a tenant's events carry as compaction.transcript.uri.
+TRANSCRIPT_PATH = "/v1/conversations/{conversation_id}/transcripts/{revision}"
+# The message of a storage failure names the store's paths, hosts or bucket: not for tenants.
+STORAGE_FAILED = "the transcript store is unavailable; a later snapshot tries again"
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,35 @@ class Tenant:
     def external(self, internal: str) -> str:
         prefix = self.name + ":"
         return internal[len(prefix) :] if internal.startswith(prefix) else internal
+
+    def event(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """An event (its JSON document) as this tenant is shown it, over HTTP, SSE and
+        webhooks: its own conversation id, in the texts too; ``compaction.transcript.uri`` the
+        API path of the transcript instead of the store's location; no store location in a
+        storage failure's message. Internal readers (workers, ``worker.client``) keep the
+        event as published."""
+        internal = str(doc.get("conversation_id", ""))
+        external = self.external(internal)
+        out = dict(doc, conversation_id=external)
+        compaction = doc.get("compaction")
+        if isinstance(compaction, dict) and isinstance(compaction.get("transcript"), dict):
+            path = TRANSCRIPT_PATH.format(conversation_id=external, revision=doc.get("revision"))
+            out["compaction"] = compaction | {
+                "transcript": compaction["transcript"] | {"uri": path}
+            }
+        error = doc.get("error")
+        if isinstance(error, dict):
+            storage = error.get("code") == "storage_unavailable"
+
+            def text(value: Any) -> Any:
+                if not isinstance(value, str):
+                    return value
+                return STORAGE_FAILED if storage else value.replace(internal, external)
+
+            out["error"] = error | {"message": text(error.get("message"))}
+            if "reason" in doc:
+                out["reason"] = text(doc["reason"])
+        return out
 
 
 class ApiKeys:

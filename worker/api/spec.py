@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker.models import CONVERSATION_ID_PATTERN
+from worker.models import CONVERSATION_ID_PATTERN, MAX_REVISION
 
 DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "openapi.json"
 
@@ -32,7 +32,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         408: "The body did not arrive in time.",
         409: "The event does not describe these messages.",
         413: "The body is over the limit.",
-        422: "The request is well-formed JSON but not valid; the error names the field.",
+        422: "A path, query or header value, or the body, is not valid; the error names it.",
         503: "Redis (or the transcript store) is unavailable.",
     }
     return {str(s): _json(_ref("Error"), text[s]) for s in statuses}
@@ -46,6 +46,10 @@ _CONVERSATION = {
     "schema": {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
 }
 _SECURE: list[dict[str, list[str]]] = [{"bearer": []}]
+# A stream id: 0, $ (only what comes next) or ms[-seq] in ASCII digits, each part an unsigned
+# 64-bit integer (a pattern cannot say that; the server answers a larger one 422).
+_STREAM_ID = {"type": "string", "pattern": r"^(0|\$|[0-9]{1,20}(-[0-9]{1,20})?)$"}
+_STREAM_ID_TEXT = "each part (ms-seq) at most 18446744073709551615"
 
 
 def openapi() -> dict[str, Any]:
@@ -94,13 +98,33 @@ def openapi() -> dict[str, Any]:
                 "Event": {
                     "type": "object",
                     "description": "An event (docs/events.md, docs/schemas/event.schema.json) "
-                    "with its stream_id.",
+                    "with its stream_id, as the tenant is shown it: its own conversation_id, "
+                    "and compaction.transcript.uri the path of getTranscript.",
                     "required": ["type", "conversation_id", "revision", "stream_id"],
                     "properties": {
                         "type": {"type": "string"},
                         "conversation_id": {"type": "string"},
                         "revision": {"type": "integer"},
                         "stream_id": {"type": "string"},
+                        "compaction": {
+                            "type": "object",
+                            "description": "compaction.completed only.",
+                            "properties": {
+                                "transcript": {
+                                    "type": ["object", "null"],
+                                    "properties": {
+                                        "uri": {
+                                            "type": "string",
+                                            "description": "/v1/conversations/{conversation_"
+                                            "id}/transcripts/{revision}: read it with the "
+                                            "same key.",
+                                        },
+                                        "sha256": {"type": "string"},
+                                        "bytes": {"type": "integer"},
+                                    },
+                                }
+                            },
+                        },
                     },
                 },
                 "Transcript": {
@@ -214,7 +238,15 @@ def openapi() -> dict[str, Any]:
                         {
                             "name": "after",
                             "in": "query",
-                            "schema": {"type": "string", "pattern": r"^(0|\d+(-\d+)?)$"},
+                            "description": f"Events after this stream id; {_STREAM_ID_TEXT}.",
+                            "schema": _STREAM_ID,
+                        },
+                        {
+                            "name": "Last-Event-ID",
+                            "in": "header",
+                            "description": "An SSE client resuming: used instead of after; "
+                            f"{_STREAM_ID_TEXT}.",
+                            "schema": _STREAM_ID,
                         },
                         {
                             "name": "limit",
@@ -247,7 +279,7 @@ def openapi() -> dict[str, Any]:
                             "name": "revision",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "integer", "minimum": 0},
+                            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_REVISION},
                         },
                     ],
                     "responses": {
@@ -267,7 +299,7 @@ def openapi() -> dict[str, Any]:
                             "name": "message_id",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "string"},
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 256},
                         },
                     ],
                     "responses": {
@@ -343,10 +375,13 @@ def openapi() -> dict[str, Any]:
                             "name": "webhook_id",
                             "in": "path",
                             "required": True,
-                            "schema": {"type": "string"},
+                            "schema": {"type": "string", "pattern": "^wh_[0-9a-f]{16}$"},
                         }
                     ],
-                    "responses": {"204": {"description": "Removed."}, **_errors(401, 404, 503)},
+                    "responses": {
+                        "204": {"description": "Removed."},
+                        **_errors(401, 404, 422, 503),
+                    },
                 }
             },
             "/healthz": {

@@ -9,8 +9,11 @@ after a restart delivery goes on where the group left off. Each delivery is sign
 
 and retried with exponential backoff on a network error, a timeout, 429 or 5xx. URLs must be
 http(s) and, unless ``[webhooks] allow_private`` is set, must not resolve to a loopback,
-link-local, private, reserved or multicast address (checked at registration and before every
-attempt, so a name that later resolves inward is refused too).
+link-local, private, reserved or multicast address, nor to an IPv6 address that embeds one
+(IPv4-mapped or -compatible, NAT64, 6to4, Teredo). The name is resolved once per attempt, by
+the guard, and the POST goes to an address the guard checked (the Host header, TLS SNI and
+certificate check still name the URL's host), so a name that resolves inward between the check
+and the connection (DNS rebinding) cannot redirect a delivery.
 """
 
 from __future__ import annotations
@@ -22,16 +25,18 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import secrets
 import socket
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import httpx
 import redis
 
 from worker import keys
+from worker.api.auth import Tenant
 
 if TYPE_CHECKING:
     from worker.api.app import Api
@@ -47,47 +52,168 @@ class UnsafeUrl(ValueError):
     """A webhook URL that may not be called."""
 
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# IPv6 ranges whose last 32 bits are an IPv4 address a translator or tunnel delivers to.
+_EMBEDDING = tuple(
+    ipaddress.IPv6Network(n)
+    for n in (
+        "64:ff9b::/96",  # NAT64, the well-known prefix (RFC 6052)
+        "::/96",  # IPv4-compatible (deprecated, RFC 4291)
+        "::ffff:0:0:0/96",  # IPv4-translated (SIIT, RFC 2765)
+    )
+)
+# NAT64 for local use (RFC 8215): the IPv4 part sits where the operator's prefix length puts
+# it, so no address in it is treated as public.
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_WEBHOOK_ID = re.compile(r"wh_[0-9a-f]{16}")
+_TIMESTAMP = re.compile(r"[0-9]{1,15}")
+_MAC = re.compile(r"[0-9a-f]{64}")
+
+
 def sign(secret: str, timestamp: int, body: bytes) -> str:
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={mac.hexdigest()}"
+    return f"t={timestamp},v1={_mac(secret, timestamp, body)}"
+
+
+def _mac(secret: str, timestamp: int, body: bytes) -> str:
+    return hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
 
 
 def verify(secret: str, header: str, body: bytes, *, tolerance_s: float = 300) -> bool:
-    """What a receiver does: the signature matches and is recent."""
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    """What a receiver does: the signature matches and is recent. Anything malformed (a wrong
+    type, a missing or repeated part, a non-ASCII or over-long value) is False, never an
+    exception, so a receiver built on this answers a hostile header as unauthorized."""
+    if not (
+        isinstance(secret, str)
+        and isinstance(header, str)
+        and isinstance(body, bytes | bytearray)
+        and isinstance(tolerance_s, int | float)
+    ):
+        return False
+    parts: dict[str, list[str]] = {}
+    for part in header.split(","):
+        name, sep, value = part.partition("=")
+        if sep:
+            parts.setdefault(name.strip(), []).append(value)
+    stamps, macs = parts.get("t", []), parts.get("v1", [])
+    if len(stamps) != 1 or len(macs) != 1:
+        return False
+    if not _TIMESTAMP.fullmatch(stamps[0]) or not _MAC.fullmatch(macs[0]):
+        return False
+    timestamp = int(stamps[0])
+    if not abs(time.time() - timestamp) <= tolerance_s:  # also False for a NaN tolerance
+        return False
     try:
-        timestamp = int(parts["t"])
-    except (KeyError, ValueError):
+        expected = _mac(secret, timestamp, bytes(body))
+    except UnicodeError:  # a secret with lone surrogates: not one we issued
         return False
-    if abs(time.time() - timestamp) > tolerance_s:
-        return False
-    return hmac.compare_digest(sign(secret, timestamp, body), header)
+    return hmac.compare_digest(expected, macs[0])
 
 
-async def check_url(url: str, *, allow_private: bool) -> None:
-    """Raise :class:`UnsafeUrl` unless ``url`` may be called (see the module docstring)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UnsafeUrl("must be an http or https URL with a host")
-    if parts.username or parts.password:
-        raise UnsafeUrl("must not carry credentials")
-    if allow_private:
-        return
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+def is_webhook_id(text: str) -> bool:
+    return _WEBHOOK_ID.fullmatch(text) is not None
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses a packet to ``address`` may reach through a translator or a
+    tunnel: IPv4-mapped, -compatible and -translated, NAT64, 6to4, Teredo (its server and its
+    client, whose bits ``ipaddress`` un-XORs)."""
+    found = [a for a in (address.ipv4_mapped, address.sixtofour) if a is not None]
+    found += list(address.teredo or ())
+    if any(address in network for network in _EMBEDDING):
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return found
+
+
+def refusal(address: IPAddress) -> str | None:
+    """Why a webhook may not be delivered to ``address``; None when it may."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _NAT64_LOCAL:
+            return "a local-use NAT64 address"
+        for inner in embedded_ipv4(address):
+            why = refusal(inner)
+            if why is not None:
+                return f"an address embedding {inner}, {why}"
+    if not address.is_global or address.is_multicast:
+        return "a non-public address"
+    return None
+
+
+async def resolve(host: str, port: int) -> list[IPAddress]:
+    """The addresses ``host`` resolves to, in the resolver's order: the one lookup of a
+    delivery attempt (the sender connects to what this returned and was checked)."""
     loop = asyncio.get_running_loop()
     try:
-        infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-    except OSError:
-        raise UnsafeUrl(f"{parts.hostname} does not resolve") from None
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-            address = address.ipv4_mapped
-        if not address.is_global or address.is_multicast:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        raise UnsafeUrl(f"{host} does not resolve") from None
+    return list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
+
+
+@dataclass(frozen=True)
+class Target:
+    """A webhook URL as the guard checked it: ``addresses`` are where it may be delivered."""
+
+    url: httpx.URL
+    addresses: tuple[IPAddress, ...]
+
+    def at(self, address: IPAddress) -> httpx.URL:
+        """The URL naming ``address`` instead of the host: connecting to it needs no lookup."""
+        return self.url.copy_with(host=str(address))
+
+    @property
+    def host(self) -> str:
+        """The URL's host as it goes on the wire (IDNA), for the Host header and TLS."""
+        return self.url.raw_host.decode("ascii")
+
+
+async def check_url(url: str, *, allow_private: bool) -> Target:
+    """The URL resolved and checked; :class:`UnsafeUrl` unless it may be called (see the
+    module docstring). With ``allow_private`` every address is accepted, but the delivery is
+    still pinned to the ones resolved here."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except (httpx.InvalidURL, ValueError):
+        raise UnsafeUrl("not a valid URL") from None
+    if parsed.scheme not in ("http", "https") or not parsed.raw_host:
+        raise UnsafeUrl("must be an http or https URL with a host")
+    if parsed.userinfo:
+        raise UnsafeUrl("must not carry credentials")
+    if not 0 < port < 65536:
+        raise UnsafeUrl(f"port {port} is out of range")
+    host = parsed.raw_host.decode("ascii")
+    addresses = await resolve(host, port)
+    if not addresses:
+        raise UnsafeUrl(f"{host} does not resolve")
+    for address in addresses if not allow_private else ():
+        why = refusal(address)
+        if why is not None:
             raise UnsafeUrl(
-                f"{parts.hostname} resolves to a non-public address ({address}); "
-                "set [webhooks] allow_private to allow it"
+                f"{host} resolves to {why} ({address}); set [webhooks] allow_private to allow it"
             )
+    return Target(parsed, tuple(addresses))
+
+
+async def post_pinned(
+    client: httpx.AsyncClient, target: Target, body: bytes, headers: dict[str, str]
+) -> httpx.Response:
+    """POST ``body`` to the first of the target's checked addresses that takes a connection.
+    The URL names the address, so the client never resolves the host again; the Host header
+    and the TLS server name (SNI and the certificate's check) stay the URL's host."""
+    failure: httpx.ConnectError | None = None
+    for address in target.addresses:
+        try:
+            return await client.post(
+                target.at(address),
+                content=body,
+                headers={**headers, "Host": target.url.netloc.decode("ascii")},
+                extensions={"sni_hostname": target.host},
+            )
+        except httpx.ConnectError as exc:
+            failure = exc  # the next checked address, if any
+    assert failure is not None  # check_url never returns a target without addresses
+    raise failure
 
 
 class Webhooks:
@@ -96,8 +222,12 @@ class Webhooks:
     def __init__(self, api: Api) -> None:
         self.api = api
         self.config = api.settings.webhooks
+        # No kept-alive connections: the pool keys a connection by the address it reached, and
+        # one TLS-verified for a host must not carry a delivery to another host at that address.
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False
+            timeout=httpx.Timeout(self.config.timeout_s),
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
@@ -202,7 +332,7 @@ class Webhooks:
         if not hooks:
             await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
             return
-        body = json.dumps(event | {"conversation_id": external}, ensure_ascii=False).encode()
+        body = json.dumps(Tenant(tenant).event(event), ensure_ascii=False).encode()
         await self._slots.acquire()
         task = asyncio.create_task(self._deliver_all(entry_id, hooks, body))
         self._deliveries.add(task)
@@ -222,7 +352,7 @@ class Webhooks:
         delay = self.config.backoff_s
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                await check_url(hook["url"], allow_private=self.config.allow_private)
+                target = await check_url(hook["url"], allow_private=self.config.allow_private)
             except UnsafeUrl as exc:
                 log.warning("webhook %s refused: %s", hook["id"], exc)
                 return False
@@ -234,7 +364,7 @@ class Webhooks:
                 "X-Compactor-Attempt": str(attempt),
             }
             try:
-                reply = await self.client.post(hook["url"], content=body, headers=headers)
+                reply = await post_pinned(self.client, target, body, headers)
                 if 200 <= reply.status_code < 300:
                     return True
                 retry = reply.status_code == 429 or reply.status_code >= 500
