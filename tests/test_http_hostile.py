@@ -190,6 +190,7 @@ def cases() -> list[Case]:
             ("GET", "events", None),
             ("GET", "transcripts/1", None),
             ("GET", "messages/u0", None),
+            ("POST", "compacted", b'{"messages": []}'),
         ):
             path = f"/v1/conversations/{cid}/{tail}"
             out.append(
@@ -260,6 +261,16 @@ def cases() -> list[Case]:
     junk = "?after=%FF&limit=%C2%B2&revision=%00"
     out += [
         Case("apply, not an object", "POST", f"/v1/apply{junk}", 422, "messages", (), b"[]"),
+        Case("compacted, not an object", "POST", f"{conv}/compacted", 422, "messages", (), b"[]"),
+        Case(
+            "compacted, unknown format",
+            "POST",
+            f"{conv}/compacted{junk}",
+            422,
+            "format",
+            (),
+            b'{"messages": [], "format": "x"}',
+        ),
         Case("webhook url not text", "POST", f"/v1/webhooks{junk}", 422, "url", (), b'{"url": 5}'),
         Case(
             "webhook url unparsable",
