@@ -444,15 +444,16 @@ class StopRequest:
     def __init__(self) -> None:
         self.requested = False
 
-    def __call__(self, signum: int = 0, frame: Any = None) -> bool:
-        """As a signal handler: note the request. Called without arguments: whether one came."""
-        if signum:
-            self.requested = True
+    def __call__(self) -> bool:
+        """Whether a stop was requested."""
         return self.requested
 
+    def _note(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self)
-        signal.signal(signal.SIGINT, self)
+        signal.signal(signal.SIGTERM, self._note)
+        signal.signal(signal.SIGINT, self._note)
 
     def sleep(self) -> None:
         """Until a stop is requested."""
