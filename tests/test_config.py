@@ -759,4 +759,8 @@ def test_every_compactor_variable_the_repository_names_is_known() -> None:
                 names.setdefault(name, str(path.relative_to(REPO_ROOT)))
     assert len(names) > 30, names  # the scan found what it should
     unknown = unknown_variables(names)
+    # The misspelling docs/configuration.md shows as what gets warned about.
+    documented = "COMPACTOR_" + "REDIS_ULR"
+    assert names.pop(documented, None) == "docs/configuration.md"
+    unknown.remove(documented)
     assert unknown == [], {name: names[name] for name in unknown}
