@@ -1,9 +1,12 @@
-# Set-up is part of every target: the first run makes .venv in the checkout and installs the
-# package with its test tools; later runs reuse it until pyproject.toml changes.
+# Set-up is part of every target: the first run makes .venv in the checkout; later runs reuse
+# it until pyproject.toml changes. `make demo` installs the package alone (what the demo runs),
+# showing pip's progress; every other target installs it with its test tools (the dev extra),
+# which covers the demo too.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test lint schemas bench clean lock
 
@@ -11,9 +14,16 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml
+	@echo "make demo: installing compaction-worker and its runtime dependencies into $(VENV)" \
+		"(the first time only; make test adds the test tools)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -e .
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/compactor up --config examples/demo.toml --submit examples/*-session.json --until-done
 
 # The suite waits on real processes and sockets more than it computes: TEST_PROCS pytest-xdist

@@ -542,6 +542,8 @@ FAILURES: dict[str, tuple[dict[str, Any], int, str, str | None]] = {
     "bad-config": (CONFIG_COMMANDS, 2, "invalid_config", "compaction.mode"),
     "redis-closed-port": (REDIS_COMMANDS, 1, "redis_unavailable", None),
     "redis-wrong-password": (REDIS_COMMANDS, 2, "invalid_config", "redis.url"),
+    "redis-url-not-redis": (CONFIG_COMMANDS, 2, "invalid_config", "redis.url"),
+    "bad-log-level": (CONFIG_COMMANDS, 2, "invalid_config", "COMPACTOR_LOG_LEVEL"),
 }
 CASES = [(f, c) for f, (commands, *_) in FAILURES.items() for c in commands]
 
@@ -590,6 +592,10 @@ def test_every_command_maps_a_failure_to_the_same_code(
         env["COMPACTOR_MODE"] = "cloud"
     elif failure == "redis-wrong-password":
         env["COMPACTOR_REDIS_URL"] = request.getfixturevalue("protected_redis")
+    elif failure == "redis-url-not-redis":
+        env["COMPACTOR_REDIS_URL"] = f"http://user:{WRONG_PASSWORD}@127.0.0.1:1/0"
+    elif failure == "bad-log-level":
+        env["COMPACTOR_LOG_LEVEL"] = "loud"
     result = run_cli(*commands[command](path), env=env)
     no_traceback(result)
     assert result.code == code, (result.code, result.stderr)
@@ -644,3 +650,20 @@ def test_a_refused_password_is_not_retried(protected_redis: str) -> None:
         assert sum(entry["count"] for entry in refused) == 1, refused
     finally:
         admin.close()
+
+
+def test_an_unknown_compactor_variable_is_warned_about_on_stderr(run_cli: CliRunner) -> None:
+    """A misspelled setting is not silently ignored: one JSON warning line on stderr names it
+    and the setting it is closest to; stdout is unchanged."""
+    misspelled = "COMPACTOR_" + "TRANSCRIPT_DIRR"  # built: not a name the repository uses
+    result = run_cli("config", "show", env={misspelled: "/elsewhere"})
+    assert result.code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["compaction"]["transcript_dir"] == "transcripts"  # ignored, as it says
+    (warning,) = [json.loads(line) for line in result.stderr.splitlines()]
+    assert warning["level"] == "warning" and warning["logger"] == "worker.config", warning
+    assert misspelled in warning["message"]
+    assert "did you mean COMPACTOR_TRANSCRIPT_DIR?" in warning["message"]
+    assert "/elsewhere" not in result.stderr
+    quiet = run_cli("config", "show", env={"COMPACTOR_TEST_REDIS_URL": "redis://h:1/0"})
+    assert quiet.code == 0 and quiet.stderr == "", quiet.stderr

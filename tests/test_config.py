@@ -5,6 +5,7 @@ the environment, snapshot overrides, per-tool hints, errors that name the key, a
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -621,7 +622,7 @@ def test_an_unsupported_broker_scheme_is_refused_without_showing_the_url(url: st
     with pytest.raises(ConfigError) as caught:
         load_settings(None, environ={"COMPACTOR_BROKER_URL": url})
     assert caught.value.key == "broker.url"
-    assert "unsupported broker scheme" in caught.value.reason
+    assert "unsupported broker" in caught.value.reason
     assert "s3cret" not in str(caught.value)
 
 
@@ -641,3 +642,125 @@ def test_rabbitmq_consumer_timeout_must_outlast_the_longest_task() -> None:
         "COMPACTOR_REDIS_VISIBILITY_TIMEOUT_S": "60",  # not used with RabbitMQ: not checked
     }
     assert celery_config(load_settings(None, environ=raised))["broker_url"].startswith("amqp://")
+
+
+@pytest.mark.parametrize(
+    "url", ["http://user:s3cret@127.0.0.1:6379/0", "valkey://h:1", "127.0.0.1:6379", "redis:6379"]
+)
+def test_a_redis_url_of_another_scheme_is_invalid_config_without_showing_the_url(url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, environ={"COMPACTOR_REDIS_URL": url})
+    assert caught.value.key == "redis.url"
+    assert "unsupported Redis" in caught.value.reason and "redis://" in caught.value.reason
+    assert "s3cret" not in str(caught.value) and "127.0.0.1" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0",
+        "rediss://:pw@h:6380/1",
+        "unix:///run/redis.sock?db=2",
+        "redis+cluster://h1:7000,h2:7001",
+        "rediss+sentinel://h:26379/mymaster/0",
+    ],
+)
+def test_every_form_of_a_redis_url_is_accepted(url: str) -> None:
+    settings = load_settings(None, environ={"COMPACTOR_REDIS_URL": url})
+    assert redis_url(settings) == url
+
+
+# --- where a setting came from, and the variables nothing reads ------------------------------
+
+
+def test_each_setting_knows_where_it_came_from(tmp_path: Path) -> None:
+    from worker.config import with_redis_url
+
+    config = tmp_path / "c.toml"
+    config.write_text('[redis]\nurl = "redis://file:6379/0"\n[broker]\nconsumer_timeout_s = 600\n')
+    from_file = load_settings(config, environ={})
+    assert from_file.origin_of("redis.url") == str(config)
+    assert from_file.origin_of("broker.consumer_timeout_s") == str(config)
+    assert from_file.origin_of("broker.url") == "default"
+    env = {"COMPACTOR_REDIS_URL": "redis://env:6379/0"}
+    from_env = load_settings(config, environ=env)
+    assert redis_url(from_env) == "redis://env:6379/0"
+    assert from_env.origin_of("redis.url") == "COMPACTOR_REDIS_URL"  # the environment wins
+    moved = with_redis_url(from_env, "redis://127.0.0.1:1/0", origin="embedded")
+    assert moved.origin_of("redis.url") == "embedded"
+    assert from_env.origin_of("redis.url") == "COMPACTOR_REDIS_URL"  # a copy: unchanged
+    overridden = moved.with_overrides({"mode": "prefer_remote"}, None)
+    assert overridden.origin_of("redis.url") == "embedded"
+    assert load_settings(None, environ={}).origin_of("redis.url") == "default"
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "worker.config" and r.levelno == logging.WARNING
+    ]
+
+
+def test_an_unknown_compactor_variable_is_warned_about_once_with_the_closest_name(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Names made here, not written out: the scan of the repository below must not meet them.
+    misspelled = "COMPACTOR_" + "REDIS_ULR"
+    unrelated = "COMPACTOR_" + "NOTHING_LIKE_ANY_SETTING_" + str(id(caplog))
+    env = {misspelled: "redis://x:1/0", unrelated: "s3cret-value"}
+    with caplog.at_level(logging.WARNING, logger="worker.config"):
+        settings = load_settings(None, environ=env)
+        load_settings(None, environ=env)  # a second load in the process: no second warning
+    assert redis_url(settings) is None  # ignored, as said
+    said = _warnings(caplog)
+    assert len([m for m in said if misspelled in m]) == 1, said
+    assert any(misspelled in m and "did you mean COMPACTOR_REDIS_URL?" in m for m in said)
+    (other,) = [m for m in said if unrelated in m]
+    assert "did you mean" not in other
+    assert "s3cret" not in " ".join(said)  # names only, never values
+
+
+def test_variables_that_are_not_settings_are_not_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from worker.config import OTHER_VARIABLES, env_names
+
+    env = dict.fromkeys(OTHER_VARIABLES, "1") | dict.fromkeys(env_names(), "x")
+    env |= {"COMPACTOR_TEST_REDIS_URL": "redis://h:1/0", "COMPACTOR_TEST_ANYTHING_ELSE": "1"}
+    key_variable = "COMPACTOR_" + "OUR_LLM_KEY"  # llm.api_key_env may name a COMPACTOR_ one
+    env[key_variable] = "sk-not-a-setting"
+    from worker.config import unknown_variables
+
+    assert unknown_variables(env, also_known=[key_variable]) == []
+    with caplog.at_level(logging.WARNING, logger="worker.config"):
+        load_settings(None, environ={"COMPACTOR_LLM_API_KEY_ENV": key_variable, key_variable: "k"})
+    assert _warnings(caplog) == []
+
+
+SCANNED = ["worker", "tests", "bench", "examples", "docs", "config"]
+SCANNED_FILES = ["README.md", "Makefile", "Dockerfile", "docker-compose.yml"]
+
+
+def test_every_compactor_variable_the_repository_names_is_known() -> None:
+    """Every ``COMPACTOR_*`` name written anywhere in the repository (the code, the tests, the
+    benchmarks, the docs, the deployment files) is a setting or a known other variable: none of
+    them would be warned about."""
+    from worker.config import unknown_variables
+
+    files = [REPO_ROOT / f for f in SCANNED_FILES]
+    for top in SCANNED:
+        files += [p for p in (REPO_ROOT / top).rglob("*") if p.is_file()]
+    names: dict[str, str] = {}
+    for path in files:
+        if path.suffix in {".py", ".md", ".toml", ".yml", ".yaml", ".mjs", ".json", ""}:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for name in re.findall(r"\bCOMPACTOR_[A-Z0-9_]*[A-Z0-9]\b", text):
+                names.setdefault(name, str(path.relative_to(REPO_ROOT)))
+    assert len(names) > 30, names  # the scan found what it should
+    unknown = unknown_variables(names)
+    # The misspelling docs/configuration.md shows as what gets warned about.
+    documented = "COMPACTOR_" + "REDIS_ULR"
+    assert names.pop(documented, None) == "docs/configuration.md"
+    unknown.remove(documented)
+    assert unknown == [], {name: names[name] for name in unknown}

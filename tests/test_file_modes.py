@@ -60,7 +60,7 @@ def test_compactor_up_writes_nothing_group_or_world_accessible(tmp_path: Path) -
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert '"compaction.completed"' in done.stdout
+    assert "demo-coding-1 revision 20: compaction.completed" in done.stdout
 
     names = {path.name for path in workdir.rglob("*")}
     assert any(name.startswith("appendonly") for name in names), names  # Redis's AOF

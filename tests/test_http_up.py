@@ -1,4 +1,6 @@
-"""``compactor up --http-port``: ``compactor serve`` runs as a supervised child of ``up``."""
+"""``compactor up --http-port``: ``compactor serve`` runs as a supervised child of ``up``,
+logging JSON lines to ``http.log`` like the workers; without API keys ``up`` refuses to start
+it (and anything else) unless told to run without authentication."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import httpx
 import pytest
 from fault_support import wait_until
 from service_support import conversation
-from test_up import alive, descendants, json_lines
+from test_up import UP, alive, descendants, json_lines, temporary_dirs, up_env
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +34,7 @@ def free_port() -> int:
 
 def test_up_serves_http_and_restarts_it(tmp_path: Path) -> None:
     config = tmp_path / "compactor.toml"
-    config.write_text(
-        f'[compaction]\ntranscript_dir = "{tmp_path / "transcripts"}"\n\n'
-        '[worker]\nlog_format = "text"\n'
-    )
+    config.write_text(f'[compaction]\ntranscript_dir = "{tmp_path / "transcripts"}"\n')
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
     env |= {"PYTHONPATH": str(REPO_ROOT), "COMPACTOR_API_KEYS": json.dumps({KEY: "t1"})}
@@ -83,6 +82,13 @@ def test_up_serves_http_and_restarts_it(tmp_path: Path) -> None:
             timeout_s=30,
             what="every process up started (serve too) to be gone",
         )
+        (start,) = [d for d in json_lines(err) if d.get("command") == "up"]
+        assert start["auth"] == "api_keys" and start["api_keys"] == 1, start
+        http_log = (tmp_path / "work" / "logs" / "http.log").read_text().splitlines()
+        logged = [json.loads(line) for line in http_log]  # every line is JSON
+        assert [d["auth"] for d in logged if d.get("command") == "serve"] == ["api_keys"] * 2
+        assert {"ts", "level", "logger", "message"} <= logged[-1].keys(), logged[-1]
+        assert any(d.get("logger", "").startswith("uvicorn") for d in logged), logged
     finally:
         http.close()
         if proc.poll() is None:
@@ -91,3 +97,22 @@ def test_up_serves_http_and_restarts_it(tmp_path: Path) -> None:
                     os.kill(pid, signal.SIGKILL)
             proc.kill()
             proc.wait()
+
+
+def test_up_with_http_and_no_api_keys_refuses_before_starting_anything(tmp_path: Path) -> None:
+    port = free_port()
+    done = subprocess.run(
+        [*UP, "--http-port", str(port)],
+        cwd=tmp_path,
+        env=up_env(tmp_path),  # no COMPACTOR_API_KEYS
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    (error,) = [json.loads(line) for line in done.stderr.splitlines()]  # nothing was started
+    assert error["error"] == "invalid_config" and error["key"] == "http.api_keys", error
+    assert "COMPACTOR_API_KEYS" in error["message"] and "--no-auth" in error["message"]
+    assert temporary_dirs(tmp_path) == []

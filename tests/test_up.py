@@ -1,13 +1,17 @@
 """``compactor up`` as a process: it supervises its children (a worker that dies is started
 again, and answers again), and SIGTERM stops everything it started (workers, their pool
-processes, the scheduler and the embedded Redis)."""
+processes, the scheduler and the embedded Redis). It refuses a port something else listens on
+before starting anything, removes its temporary directory however it ends, and prints what
+``make demo`` shows: each compaction's replacement in full and a line per conversation."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 UP = [sys.executable, "-m", "worker", "up"]
+EXAMPLES = REPO_ROOT / "examples"
 
 
 def json_lines(path: Path) -> list[dict[str, Any]]:
@@ -70,23 +75,37 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-class Up:
-    """A running ``python -m worker up`` with its stdout and stderr in files."""
+def up_env(tmp_path: Path) -> dict[str, str]:
+    """A clean environment whose temporary directories are made under ``tmp_path/tmp``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return env | {"PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmp_path / "tmp")}
 
-    def __init__(self, tmp_path: Path) -> None:
+
+def temporary_dirs(tmp_path: Path) -> list[Path]:
+    """The ``compactor-up-*`` directories in the environment's temporary directory."""
+    return sorted((tmp_path / "tmp").glob("compactor-up-*"))
+
+
+class Up:
+    """A running ``python -m worker up`` with its stdout and stderr in files; ``--workdir``
+    unless ``workdir`` is False (then in a temporary directory under ``tmp_path/tmp``)."""
+
+    def __init__(self, tmp_path: Path, *, workdir: bool = True) -> None:
         self.config = tmp_path / "compactor.toml"
         self.config.write_text(
             f'[compaction]\ntranscript_dir = "{tmp_path / "transcripts"}"\n\n'
             '[worker]\nlog_format = "text"\n'
         )
         self.stdout, self.stderr = tmp_path / "up.out", tmp_path / "up.err"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
-        env["PYTHONPATH"] = str(REPO_ROOT)
+        cmd = [*UP, "--config", str(self.config)]
+        if workdir:
+            cmd += ["--workdir", str(tmp_path / "work")]
         with self.stdout.open("wb") as out, self.stderr.open("wb") as err:
             self.proc = subprocess.Popen(
-                [*UP, "--config", str(self.config), "--workdir", str(tmp_path / "work")],
+                cmd,
                 cwd=tmp_path,
-                env=env,
+                env=up_env(tmp_path),
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
@@ -126,7 +145,7 @@ class Up:
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
-    running = Up(tmp_path)
+    running = Up(tmp_path, workdir=False)
     try:
         yield running
     finally:
@@ -142,8 +161,14 @@ def worker_pids(app: Any) -> dict[str, int]:
     return {node.split("@")[0]: int(info["pid"]) for node, info in stats.items()}
 
 
-def test_up_restarts_a_killed_worker_and_sigterm_stops_everything(up: Up) -> None:
+def test_up_restarts_a_killed_worker_and_sigterm_stops_everything(up: Up, tmp_path: Path) -> None:
     url = up.wait_ready()
+    (workdir,) = temporary_dirs(tmp_path)
+    assert json_lines(up.stdout)[0]["logs"] == str(workdir / "logs")
+    assert json_lines(up.stdout)[0]["removed_at_exit"] is True
+    (start,) = [d for d in json_lines(up.stderr) if d.get("command") == "up"]
+    assert start["redis"] == url and start["redis_from"] == "embedded", start
+    assert start["broker"] == url and start["broker_from"] == "redis (no [broker] url)", start
     app = make_app(with_redis_url(load_settings(up.config, environ={}), url))
     try:
 
@@ -195,6 +220,7 @@ def test_up_restarts_a_killed_worker_and_sigterm_stops_everything(up: Up) -> Non
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis.from_url(url, socket_connect_timeout=1).ping()
     assert not [d for d in json_lines(up.stderr) if "error" in d], up.output()
+    assert temporary_dirs(tmp_path) == [], "the temporary directory is removed on SIGTERM"
 
 
 def test_supervisor_backs_off_a_child_that_keeps_exiting_and_stop_ends_the_rest(
@@ -229,3 +255,128 @@ def test_supervisor_backs_off_a_child_that_keeps_exiting_and_stop_ends_the_rest(
     assert all(d["returncode"] == 3 for d in seen)
     assert [d["restart_in_s"] for d in seen[:5]] == [0.05, 0.1, 0.2, 0.2, 0.2]
     assert not alive(steady)
+
+
+def listening_socket() -> socket.socket:
+    """Something else listening on a loopback port (``getsockname()[1]``)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    sock.setblocking(False)
+    return sock
+
+
+@pytest.mark.parametrize("flag", ["--redis-port", "--http-port"])
+def test_up_refuses_a_port_in_use_before_starting_anything(tmp_path: Path, flag: str) -> None:
+    taken = listening_socket()
+    port = taken.getsockname()[1]
+    env = up_env(tmp_path) | {"COMPACTOR_API_KEYS": json.dumps({"k" * 16: "t1"})}
+    try:
+        done = subprocess.run(
+            [*UP, flag, str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        with pytest.raises(BlockingIOError):
+            taken.accept()  # nobody connected to it: it was not joined
+    finally:
+        taken.close()
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""  # no Redis to announce, no workers
+    (error,) = [json.loads(line) for line in done.stderr.splitlines()]
+    assert error["error"] == "port_in_use", error
+    assert f"{flag} {port}" in error["message"] and f"127.0.0.1:{port}" in error["message"]
+    assert temporary_dirs(tmp_path) == []
+
+
+def test_embedded_redis_never_joins_a_server_already_on_its_port(tmp_path: Path) -> None:
+    """Even past the check (another server binding in between), ``EmbeddedRedis`` makes sure the
+    Redis answering on its port is its own process, and stops its own."""
+    from worker.embedded import EmbeddedRedis
+    from worker.errors import UsageError
+
+    with EmbeddedRedis(directory=tmp_path / "first") as url:
+        first = redis.Redis.from_url(url)
+        first.set("mine", "1")
+        port = first.connection_pool.connection_kwargs["port"]
+        second = EmbeddedRedis(directory=tmp_path / "second", port=port)
+        with pytest.raises(UsageError) as caught:
+            second.start()
+        assert caught.value.code == "port_in_use" and f":{port}" in caught.value.message
+        assert second.process is None, "its own redis-server is stopped"
+        assert first.get("mine") == b"1" and first.dbsize() == 1  # untouched
+        first.close()
+
+
+def test_ctrl_c_during_start_up_stops_what_started_and_removes_the_temporary_directory(
+    tmp_path: Path,
+) -> None:
+    running = Up(tmp_path, workdir=False)
+    try:
+        started = wait_until(
+            lambda: json_lines(running.stdout),
+            timeout_s=120,
+            what="`compactor up` to announce its Redis",
+            every_s=0.05,
+        )
+        url = started[0]["redis"]
+        assert temporary_dirs(tmp_path), "the temporary directory exists while it runs"
+        everything = descendants(running.proc.pid)
+        running.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        code = running.proc.wait(timeout=90)
+        ready = any(d.get("status") == "workers ready" for d in json_lines(running.stdout))
+        assert code == (0 if ready else 130), running.output()  # 130: interrupted
+        wait_until(
+            lambda: not [pid for pid in everything if alive(pid)],
+            timeout_s=30,
+            what="every process `up` started to be gone",
+        )
+        with pytest.raises(redis.exceptions.ConnectionError):
+            redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        assert temporary_dirs(tmp_path) == []
+    finally:
+        running.kill()
+
+
+def test_the_demo_shows_each_replacement_whole_and_a_line_per_conversation(
+    tmp_path: Path,
+) -> None:
+    """``make demo``'s command, for two of its conversations: what the next request holds
+    instead of the compacted range (the messages carried and the summary, whole), the reason of
+    a skip, then one line per conversation; its temporary directory is gone at the end."""
+    coding = EXAMPLES / "coding-session.json"
+    short = EXAMPLES / "short-session.json"
+    cmd = [*UP, "--config", str(EXAMPLES / "demo.toml"), "--until-done"]
+    done = subprocess.run(
+        [*cmd, "--submit", str(coding), str(short)],
+        cwd=tmp_path,  # the demo's transcript_dir is relative
+        env=up_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "<5 messages>" not in out and '…"' not in out
+    by_id = {m["id"]: m for m in json.loads(coding.read_text())["messages"]}
+    assert "demo-coding-1 revision 20: compaction.completed" in out
+    head = re.search(r"  ([\d,]+) → ([\d,]+) tokens: messages m2 … m19 \(18\) are replaced", out)
+    assert head is not None, out
+    for carried in ("m2", "m19"):  # the user's words, carried verbatim, every line of them
+        for line in by_id[carried]["content"].splitlines():
+            assert f"  │ {line}\n" in out, (carried, line)
+    assert "  ┌ user (the summary)\n  │ [compaction-worker summary]\n" in out
+    assert "## Errors seen" in out and "## Actions" in out  # the summary is not cut short
+    assert "demo-short-1 revision 2: compaction.skipped: 25 tokens <= threshold" in out
+    closing = out.rstrip("\n").splitlines()[-2:]  # in the order their first events came
+    assert sorted(closing) == [
+        f"demo-coding-1: {head.group(1)} → {head.group(2)} tokens (1 compaction)",
+        "demo-short-1: 25 → 25 tokens (0 compactions)",
+    ], out[-2000:]
+    assert list((tmp_path / "transcripts" / "demo" / "demo-coding-1").glob("*.json"))
+    assert temporary_dirs(tmp_path) == [], "removed on a normal exit too"

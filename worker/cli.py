@@ -27,6 +27,7 @@ from worker.errors import (
     RejectedInput,
     UsageError,
 )
+from worker.logs import configure_logging, level_from_env
 
 EXIT_OK, EXIT_FAILED, EXIT_REJECTED = 0, 1, 2
 EXIT_INTERRUPTED = 130
@@ -285,14 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=os.environ.get("COMPACTOR_LOG_LEVEL", "WARNING").upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        # JSON lines on stderr, like the errors (and the workers' logs).
+        configure_logging(level_from_env("WARNING"), fmt="json")
         return func(args)
     except CompactorError as exc:  # third-party errors were converted where they entered
         _print_error(exc.to_dict())

@@ -10,14 +10,24 @@ URL is masked whenever it is shown.
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from worker.errors import ConfigError
 
@@ -26,6 +36,7 @@ CompactionMode = Literal["local_only", "prefer_remote", "remote_only"]
 ToolHint = Literal["keep", "strip", "strip-requests", "strip-responses", "omit"]
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_PATH = Path("config/compactor.toml")
 # Optional numbers in TOML/env have no null; this spelling means None ("unlimited"/"off").
@@ -147,6 +158,34 @@ class LLMConfig(_Strict):
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
 
 
+# What a [redis] url may start with: one Redis (redis-py's forms), a Redis Cluster, or the
+# master a Sentinel names (worker/redis_target.py).
+REDIS_SCHEMES = (
+    "redis",
+    "rediss",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+)
+
+
+def _url_with_scheme(
+    url: SecretStr | None, schemes: tuple[str, ...], what: str
+) -> SecretStr | None:
+    """The URL when its scheme is one of ``schemes``; a ValueError naming only the scheme (the
+    rest of the URL may hold a password) otherwise."""
+    if url is None:
+        return url
+    text = url.get_secret_value()
+    scheme = text.partition("://")[0].lower() if "://" in text else ""
+    if scheme not in schemes:
+        found = f"unsupported {what} scheme {scheme!r}" if scheme else f"unsupported {what} URL"
+        raise ValueError(f"{found}: use one of " + ", ".join(f"{s}://" for s in schemes))
+    return url
+
+
 class RedisConfig(_Strict):
     """``[redis]``. ``url`` may carry a password; it is masked whenever shown."""
 
@@ -159,6 +198,11 @@ class RedisConfig(_Strict):
     lock_lease_s: float = Field(default=30.0, ge=1.0)
 
     _none_ok = field_validator("url", mode="before")(_none_word)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: SecretStr | None) -> SecretStr | None:
+        return _url_with_scheme(url, REDIS_SCHEMES, "Redis")
 
 
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps")
@@ -181,15 +225,7 @@ class BrokerConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: SecretStr | None) -> SecretStr | None:
-        if url is not None:
-            scheme = url.get_secret_value().partition("://")[0].lower()
-            if scheme not in BROKER_SCHEMES:
-                # Only the scheme is named: the rest of the URL may hold a password.
-                raise ValueError(
-                    f"unsupported broker scheme {scheme!r}: use one of "
-                    + ", ".join(f"{s}://" for s in BROKER_SCHEMES)
-                )
-        return url
+        return _url_with_scheme(url, BROKER_SCHEMES, "broker")
 
 
 class TranscriptRetention(_Strict):
@@ -230,6 +266,9 @@ class HttpConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     api_keys_file: Path | None = None
+    # Serve /v1 with no API keys, every request as one fixed tenant (``compactor serve
+    # --no-auth``). Off: serving with no keys configured is refused at start.
+    allow_unauthenticated: bool = False
     # None: the snapshot limit (compaction.max_snapshot_bytes).
     max_body_bytes: int | None = Field(default=None, ge=1024)
     header_timeout_s: float = Field(default=10.0, gt=0)  # the request line and headers
@@ -280,6 +319,20 @@ class Settings(_Strict):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     webhooks: WebhooksConfig = Field(default_factory=WebhooksConfig)
     source: str = "defaults"
+    # Where each setting given by a source came from (dotted key -> the environment variable or
+    # the file): what the commands say at start (origin_of).
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def origin_of(self, key: str) -> str:
+        """Where the setting ``key`` (``redis.url``) came from: ``COMPACTOR_...``, the config
+        file's path, or ``default`` (the built-in default)."""
+        return self._origins.get(key, "default")
+
+    def with_origin(self, key: str, origin: str) -> Settings:
+        """These settings, with ``key`` noted as coming from ``origin``."""
+        copy = self.model_copy()
+        copy._origins = self._origins | {key: origin}
+        return copy
 
     def with_overrides(
         self, config: Mapping[str, Any] | None, tools: Mapping[str, Any] | None
@@ -353,16 +406,77 @@ def settings_from_mapping(data: Mapping[str, Any], *, source: str = "mapping") -
     return Settings(**parts)
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """``COMPACTOR_<FIELD>`` for [compaction], ``COMPACTOR_<SECTION>_<FIELD>`` for the others."""
-    out: dict[str, dict[str, Any]] = {}
+def env_names() -> dict[str, tuple[str, str]]:
+    """Every setting's environment variable -> (section, field): ``COMPACTOR_<FIELD>`` for
+    [compaction], ``COMPACTOR_<SECTION>_<FIELD>`` for the others."""
+    names: dict[str, tuple[str, str]] = {}
     for section, model in _SECTIONS.items():
         prefix = "COMPACTOR_" if section == "compaction" else f"COMPACTOR_{section.upper()}_"
         for field in model.model_fields:
-            raw = environ.get(prefix + field.upper())
-            if raw is not None:
-                out.setdefault(section, {})[field] = _env_value(raw)
+            names[prefix + field.upper()] = (section, field)
+    return names
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The settings the environment gives, by section (:func:`env_names`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (section, field) in env_names().items():
+        raw = environ.get(name)
+        if raw is not None:
+            out.setdefault(section, {})[field] = _env_value(raw)
     return out
+
+
+#: ``COMPACTOR_*`` variables that are not settings, and who reads them: never warned about.
+OTHER_VARIABLES = {
+    "COMPACTOR_CONFIG": "the configuration file",
+    "COMPACTOR_API_KEYS": "compactor serve's API keys",
+    "COMPACTOR_LOG_LEVEL": "the log level of the commands",
+    "COMPACTOR_DEBUG": "tracebacks from the commands",
+    "COMPACTOR_CORPUS_DIR": "the corpus of the tests and benchmarks",
+    "COMPACTOR_IMAGE": "docker-compose.yml",
+    "COMPACTOR_EVALUATE_CONCURRENCY": "docker-compose.yml",
+    "COMPACTOR_METRICS_PORT": "docker-compose.yml",
+    "COMPACTOR_BASE": "the test suite's Node.js client",
+    "COMPACTOR_KEY": "the test suite's Node.js client",
+    "COMPACTOR_HOSTILE_TEST_KEY": "the test suite's (never set) LLM key",
+}
+#: Prefixes of variables that are not settings either (the test suite's own).
+OTHER_PREFIXES = ("COMPACTOR_TEST_",)
+_warned: set[str] = set()
+
+
+def unknown_variables(environ: Mapping[str, str], *, also_known: Iterable[str] = ()) -> list[str]:
+    """The ``COMPACTOR_*`` variables in ``environ`` that nothing reads: no setting, none of
+    :data:`OTHER_VARIABLES` (or ``also_known``), no :data:`OTHER_PREFIXES`."""
+    known = env_names().keys() | OTHER_VARIABLES.keys() | set(also_known)
+    return sorted(
+        name
+        for name in environ
+        if name.startswith("COMPACTOR_")
+        and name not in known
+        and not name.startswith(OTHER_PREFIXES)
+    )
+
+
+def closest_variable(name: str) -> str | None:
+    """The known variable ``name`` is most likely a misspelling of, if one is close."""
+    known = [*env_names(), *OTHER_VARIABLES]
+    found = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return found[0] if found else None
+
+
+def _warn_unknown(environ: Mapping[str, str], settings: Settings) -> None:
+    """A warning, once per process, for each ``COMPACTOR_*`` variable that nothing reads (a
+    misspelled setting is otherwise silently ignored). The variable named by
+    ``llm.api_key_env`` may be a ``COMPACTOR_*`` one; its value is never shown, nor any other."""
+    for name in unknown_variables(environ, also_known=[settings.llm.api_key_env]):
+        if name in _warned:
+            continue
+        _warned.add(name)
+        near = closest_variable(name)
+        hint = f" (did you mean {near}?)" if near else ""
+        log.warning("ignoring %s: no setting has this name%s", name, hint)
 
 
 def _env_value(raw: str) -> Any:
@@ -413,7 +527,24 @@ def load_settings(
     overrides = env_overrides(env)
     if overrides:
         source += " + environment"
-    return settings_from_mapping(_deep_merge(data, overrides), source=source)
+    settings = settings_from_mapping(_deep_merge(data, overrides), source=source)
+    settings._origins = _origins(data, str(file), env)
+    _warn_unknown(env, settings)
+    return settings
+
+
+def _origins(data: Mapping[str, Any], file: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """Dotted key -> where its value came from: the file, then the environment (which wins)."""
+    found = {
+        f"{section}.{field}": file
+        for section, table in data.items()
+        if isinstance(table, Mapping)
+        for field in table
+    }
+    for name, (section, field) in env_names().items():
+        if name in environ:
+            found[f"{section}.{field}"] = name
+    return found
 
 
 def mask_url(url: str | None) -> str | None:
@@ -457,10 +588,12 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
     return data
 
 
-def with_redis_url(settings: Settings, url: str) -> Settings:
-    """These settings pointed at another Redis (an embedded one, say)."""
+def with_redis_url(settings: Settings, url: str, *, origin: str = "given") -> Settings:
+    """These settings pointed at another Redis (an embedded one, say); ``origin``: what says
+    so, for :meth:`Settings.origin_of`."""
     redis_cfg = settings.redis.model_copy(update={"url": SecretStr(url)})
-    return settings.model_copy(update={"redis": redis_cfg})
+    moved = settings.model_copy(update={"redis": redis_cfg})
+    return moved.with_origin("redis.url", origin)
 
 
 def with_broker_url(settings: Settings, url: str | None) -> Settings:

@@ -18,7 +18,7 @@ from types import TracebackType
 
 import redis
 
-from worker.errors import CompactorError
+from worker.errors import CompactorError, UsageError
 
 # The umask of every process the service starts: what they create is 0600 (files) and 0700
 # (directories), readable by the service's user alone.
@@ -46,6 +46,34 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server could not listen on ``host:port`` because something listens there (or
+    on every address at that port). SO_REUSEADDR as servers set it: a port whose last
+    connections linger in TIME_WAIT counts as free, as it is to them."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror:
+        return False  # not an address of this machine: the server's own bind will say so
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return True
+    return False
+
+
+def port_taken(host: str, port: int, *, what: str) -> UsageError:
+    """The error for a port that ``what`` (a flag, a server) cannot have."""
+    return UsageError(
+        f"{what}: {host}:{port} is already in use by another process; it is never joined or "
+        "shared: choose another port, or stop what listens there",
+        code="port_in_use",
+    )
 
 
 class EmbeddedRedis:
@@ -114,24 +142,36 @@ class EmbeddedRedis:
             stderr=subprocess.DEVNULL,
             umask=PRIVATE_UMASK,
         )
-        self._wait_ready(timeout_s)
+        try:
+            self._wait_ready(self.process.pid, timeout_s)
+        except BaseException:
+            self.stop(kill=True)
+            raise
         return self.url
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def _wait_ready(self, pid: int, timeout_s: float) -> None:
+        """Until our ``redis-server`` answers. Another server on the port would answer too (ours
+        then exits, unable to bind): the one answering must be process ``pid``."""
         deadline = time.monotonic() + timeout_s
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
         try:
             while time.monotonic() < deadline:
+                try:
+                    answering = int(client.info("server")["process_id"])
+                except redis.exceptions.RedisError:
+                    answering = None
+                if answering == pid:
+                    return
+                if answering is not None:
+                    raise port_taken(self.host, self.port, what="the embedded Redis' port")
                 if self.process is not None and self.process.poll() is not None:
+                    if port_in_use(self.host, self.port):  # one we cannot talk to holds it
+                        raise port_taken(self.host, self.port, what="the embedded Redis' port")
                     raise CompactorError(
                         f"redis-server exited: see {self.directory}/redis.log",
                         code="redis_start_failed",
                     )
-                try:
-                    if client.ping():
-                        return
-                except redis.exceptions.RedisError:
-                    time.sleep(0.05)
+                time.sleep(0.05)
             raise CompactorError("redis-server did not start in time", code="redis_start_failed")
         finally:
             client.close()

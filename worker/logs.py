@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
+
+from worker.errors import ConfigError
+
+LEVEL_ENV = "COMPACTOR_LOG_LEVEL"
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING}
+_LEVELS |= {"WARN": logging.WARNING, "ERROR": logging.ERROR, "CRITICAL": logging.CRITICAL}
 
 CONTEXT_FIELDS = (
     "conversation_id",
@@ -17,6 +25,8 @@ CONTEXT_FIELDS = (
     "count",
     "task_id",
     "queue",
+    "field",
+    "reason",
 )
 
 
@@ -47,3 +57,12 @@ def configure_logging(level: str | int = "INFO", *, fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)
+
+
+def level_from_env(default: str, environ: Mapping[str, str] | None = None) -> int:
+    """The level ``COMPACTOR_LOG_LEVEL`` names (else ``default``); ConfigError for another."""
+    env = os.environ if environ is None else environ
+    name = env.get(LEVEL_ENV, "").strip().upper() or default
+    if name not in _LEVELS:
+        raise ConfigError(LEVEL_ENV, "must be one of debug, info, warning, error, critical")
+    return _LEVELS[name]

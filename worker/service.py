@@ -155,6 +155,20 @@ class Service:
                 composed=work.composed,
             )
         except InvalidSnapshot as exc:
+            # The user's input problem, worth seeing in the log: where and why (the same words
+            # the rejected event carries; never the snapshot's content).
+            log.warning(
+                "rejected %s revision %s: %s",
+                conversation_id,
+                work.latest,
+                exc.message,
+                extra={
+                    "conversation_id": conversation_id,
+                    "revision": work.latest,
+                    "field": exc.field,
+                    "reason": exc.reason,
+                },
+            )
             event = rejected_event(
                 conversation_id,
                 work.latest,

@@ -8,6 +8,10 @@ tenant and no tenant can name another's data.
 
 What a tenant is shown of an event (:meth:`Tenant.event`) names neither the prefix nor where
 the service keeps its data: the transcript reference is the API path that serves it.
+
+With no keys, ``compactor serve`` refuses to start unless told to run without authentication
+(``--no-auth``, ``[http] allow_unauthenticated``): then every request is tenant
+:data:`OPEN_TENANT`, whatever key it brings.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from worker.errors import ConfigError, InvalidSnapshot
 from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE
 
 API_KEYS_ENV = "COMPACTOR_API_KEYS"
+OPEN_TENANT = "anonymous"  # every request's tenant when authentication is off
 # No ':' in a tenant: the first ':' of an internal id ends the tenant, so two tenants' ids can
 # never collide ("a:b" + "c" vs "a" + "b:c").
 TENANT_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$"
@@ -87,15 +92,21 @@ class Tenant:
 
 
 class ApiKeys:
-    """Key -> tenant, looked up in constant time per key (``hmac.compare_digest``)."""
+    """Key -> tenant, looked up in constant time per key (``hmac.compare_digest``); or, with
+    ``open_to``, that one tenant for every request (authentication off)."""
 
-    def __init__(self, keys: Mapping[str, str]) -> None:
+    def __init__(self, keys: Mapping[str, str], *, open_to: Tenant | None = None) -> None:
         self._keys = [(k.encode(), Tenant(t)) for k, t in keys.items()]
+        self.open_to = open_to
 
     def __len__(self) -> int:
-        return len(self._keys)
+        """The ways in: the keys, or one when authentication is off (so "no keys" means no
+        request can get in)."""
+        return len(self._keys) + (self.open_to is not None)
 
     def tenant(self, presented: str | None) -> Tenant | None:
+        if self.open_to is not None:
+            return self.open_to
         if not presented:
             return None
         given = presented.encode("utf-8", "surrogateescape")
@@ -125,7 +136,28 @@ def load_api_keys(settings: Settings, environ: Mapping[str, str]) -> ApiKeys:
         keys |= _parse(text, "http.api_keys_file")
     if environ.get(API_KEYS_ENV):
         keys |= _parse(environ[API_KEYS_ENV], API_KEYS_ENV)
+    if settings.http.allow_unauthenticated:
+        if keys:
+            raise ConfigError(
+                "http.allow_unauthenticated",
+                "API keys are configured too: serve with the keys, or without authentication "
+                "(--no-auth), not both",
+            )
+        return ApiKeys({}, open_to=Tenant(OPEN_TENANT))
     return ApiKeys(keys)
+
+
+def serving_keys(settings: Settings, environ: Mapping[str, str]) -> ApiKeys:
+    """The keys ``compactor serve`` would run with; ConfigError (``http.api_keys``) when there
+    are none and authentication is not explicitly off: every /v1 request would get 401."""
+    keys = load_api_keys(settings, environ)
+    if not len(keys):
+        raise ConfigError(
+            "http.api_keys",
+            f"no API keys configured: set {API_KEYS_ENV} or [http] api_keys_file, or serve "
+            "without authentication with --no-auth (or [http] allow_unauthenticated = true)",
+        )
+    return keys
 
 
 def _parse(text: str, where: str) -> dict[str, str]:

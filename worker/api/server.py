@@ -13,6 +13,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from worker.api.app import create_app
 from worker.config import Settings
+from worker.logs import configure_logging, level_from_env
 
 
 def _header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
@@ -60,6 +61,11 @@ class _Server(uvicorn.Server):
 
 
 def serve(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
+    # Our log format ([worker] log_format: JSON lines unless "text") for our loggers and
+    # uvicorn's alike: uvicorn configures none of its own (log_config=None), its records reach
+    # the root handler. COMPACTOR_LOG_LEVEL, else INFO as the workers log.
+    level = level_from_env("INFO")
+    configure_logging(level, fmt=settings.worker.log_format)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -67,7 +73,8 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         port=settings.http.port if port is None else port,
         timeout_keep_alive=int(settings.http.keep_alive_timeout_s),
         http=_header_timeout_protocol(settings.http.header_timeout_s),
-        log_level="warning",
+        log_config=None,
+        log_level=level,
         access_log=False,
         lifespan="on",
         server_header=False,
