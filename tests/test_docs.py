@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from pydantic import BaseModel
 
 from worker import keys
@@ -25,10 +27,12 @@ from worker.config import (
     WebhooksConfig,
     WorkerConfig,
 )
+from worker.embedded import EmbeddedRedis
+from worker.errors import CompactorError
 from worker.history import range_digest
 from worker.models import CONVERSATION_ID_PATTERN
 from worker.queues import EVALUATE_TASK, task_message
-from worker.redis_state import _SUBMIT
+from worker.redis_state import _SUBMIT, redis_errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS = REPO_ROOT / "docs"
@@ -165,3 +169,42 @@ def test_no_pointers_to_notes_users_do_not_have() -> None:
     pointer = re.compile(r"DESIGN\.md|\(issue [0-9]|seed's|RFD")
     for path in [REPO_ROOT / "README.md", *DOCS.rglob("*.md"), *DOCS.rglob("*.json")]:
         assert not pointer.search(path.read_text()), path
+
+
+def error_table() -> dict[str, tuple[str, str]]:
+    """The README's table of CLI failures: `error` -> (commands, exit code)."""
+    text = (REPO_ROOT / "README.md").read_text()
+    table = text[text.index("| failure | commands | `error` | exit |") :].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        _failure, commands, error, code = (c.strip() for c in line.strip("|").split("|"))
+        rows[error.split()[0].strip("`")] = (commands, code)
+    return rows
+
+
+def test_the_error_table_has_a_row_for_each_redis_error_code() -> None:
+    """Every code ``redis_errors`` converts redis-py's errors into."""
+    codes = set()
+    for error in (redis.exceptions.ConnectionError(), redis.exceptions.ResponseError("OOM")):
+        with pytest.raises(CompactorError) as caught, redis_errors("testing"):
+            raise error
+        codes.add(caught.value.code)
+    assert codes == {"redis_unavailable", "redis_error"}
+    assert codes <= set(error_table())
+
+
+def test_a_command_redis_refuses_ends_as_the_error_table_says(tmp_path: Path, run_cli: Any) -> None:
+    """A real Redis out of memory under ``noeviction`` refuses the submit script: the CLI
+    says ``redis_error`` and exits 1."""
+    snapshot = tmp_path / "big.json"
+    noise = base64.b64encode(random.Random(7).randbytes(3 * 1024 * 1024)).decode()
+    messages = [{"id": "m1", "role": "user", "content": noise}]
+    snapshot.write_text(
+        json.dumps({"conversation_id": "c-big", "revision": 1, "messages": messages})
+    )
+    with EmbeddedRedis(directory=tmp_path / "redis", extra_args=("--maxmemory", "2mb")) as url:
+        result = run_cli("submit", snapshot, env={"COMPACTOR_REDIS_URL": url})
+    commands, code = error_table()["redis_error"]
+    assert "`submit`" in commands
+    assert result.code == int(code), result.stderr
+    assert json.loads(result.stderr.splitlines()[-1])["error"] == "redis_error"
