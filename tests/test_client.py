@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import redis
@@ -24,10 +25,16 @@ from service_support import (  # noqa: F401 - fixtures: a real Redis, real worke
     service_env,
 )
 from service_support import client_for as workers_client
+from store_support import (  # noqa: F401 - fixtures: a store of each kind
+    postgres_database,
+    s3_environment,
+    s3_server,
+    store_url,
+)
 
 from worker import keys
 from worker.client import Client
-from worker.config import Settings, with_redis_url
+from worker.config import CompactionConfig, Settings, with_redis_url
 from worker.errors import EventMismatch, InvalidSnapshot, StorageError
 from worker.events import CompletedEvent, SkippedEvent
 from worker.redis_state import RedisState, connect
@@ -347,3 +354,29 @@ def test_restore_refuses_an_event_without_a_transcript_and_a_revision_with_an_ev
             client.restore(skipped("c-x", 1).model_dump(mode="json"), revision=1)
     finally:
         client.close()
+
+
+def test_restore_reads_the_store_the_event_names_of_every_kind(
+    store_url: str, run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compactor compact`` writes to a store of each kind; a client whose own store is a
+    directory of its own restores from the store the event names, with what a host reading
+    that store has in its environment (the endpoint, the database user: references carry
+    neither credentials nor endpoints)."""
+    snap = conversation("c-any-store", 12)
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(snap))
+    compacted = run_cli("compact", path, env={"COMPACTOR_TRANSCRIPTS_URL": store_url})
+    assert compacted.code == 0, compacted.stderr
+    line = next(ln for ln in compacted.stdout.splitlines() if '"compaction.completed"' in ln)
+    if store_url.startswith("s3://"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", parse_qs(urlsplit(store_url).query)["endpoint"][0])
+    if store_url.startswith("postgresql://"):
+        monkeypatch.setenv("PGUSER", "postgres")
+    mine = Settings(compaction=CompactionConfig(transcript_dir=tmp_path / "mine"))
+    client = Client(with_redis_url(mine, "redis://127.0.0.1:1/0"))  # Redis is not needed
+    try:
+        assert client.restore(line) == snap["messages"]
+    finally:
+        client.close()
+    assert not (tmp_path / "mine").exists()  # read from the named store, not the client's
