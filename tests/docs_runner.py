@@ -121,13 +121,21 @@ def loopback_up() -> None:
 
 
 def scratch_checkout(directory: Path) -> None:
-    """The checkout as a reader has it, without writing into this one: every top-level entry a
-    link, except docs/ (``make schemas`` writes there) copied."""
+    """The checkout as a reader has it after ``make``, without writing into this one: every
+    top-level entry a link, except docs/ (``make schemas`` writes there), copied, and .venv,
+    whose entries are links but whose set-up stamp is the scratch's own and new, so that no
+    ``make`` target reinstalls into the real one."""
     for entry in REPO_ROOT.iterdir():
         if entry.name in (".git", "transcripts") or entry.name.endswith("_cache"):
             continue
         if entry.name == "docs":
             shutil.copytree(entry, directory / "docs")
+        elif entry.name == ".venv":
+            (directory / ".venv").mkdir()
+            for part in entry.iterdir():
+                if part.name != ".installed":
+                    (directory / ".venv" / part.name).symlink_to(part)
+            (directory / ".venv" / ".installed").touch()
         else:
             (directory / entry.name).symlink_to(entry)
 
