@@ -350,7 +350,7 @@ def test_restore_refuses_an_event_without_a_transcript_and_a_revision_with_an_ev
     try:
         with pytest.raises(EventMismatch, match=r"compaction\.skipped event has no transcript"):
             client.restore(skipped("c-x", 1).to_json())
-        with pytest.raises(EventMismatch, match="revision= goes with a conversation id"):
+        with pytest.raises(TypeError, match="revision= goes with a conversation id"):
             client.restore(skipped("c-x", 1).model_dump(mode="json"), revision=1)
     finally:
         client.close()

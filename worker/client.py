@@ -238,7 +238,7 @@ class Client:
         if isinstance(conversation, str) and not conversation.lstrip().startswith("{"):
             return restore_conversation(conversation, store=self.store, revision=revision)
         if revision is not None:
-            raise EventMismatch("revision= goes with a conversation id, not with an event")
+            raise TypeError("revision= goes with a conversation id, not with an event")
         return restore(conversation, store=self.store)
 
     @property
