@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,9 @@ from agent_framework import (
     tool,
 )
 
-from worker.cli_service import running_services, wait_for_workers
 from worker.client import Client
-from worker.config import load_settings, with_redis_url
 from worker.integrations.agent_framework import CompactingContextProvider
+from worker.local import local_stack
 
 
 class ScriptedClient(FunctionInvocationLayer[Any], BaseChatClient[Any]):
@@ -87,15 +85,8 @@ async def main(client: Client) -> None:
             stored = len(session.state[history.source_id]["messages"])
             print(f"run {run}: model sent {chat.sizes[-2]:3} messages; history holds {stored:3}")
             compacting = compactor.compacting_session(session)
-            deadline = time.monotonic() + 30  # a real model takes this long anyway
-            while time.monotonic() < deadline:
-                s = compacting.status
-                done, answered = s.last_submitted_revision, s.last_outcome_revision
-                if not s.pending_submits and (
-                    done is None or (answered is not None and answered >= done)
-                ):
-                    break
-                await asyncio.sleep(0.05)
+            # a real model takes seconds; here, wait until the service answered the run
+            await asyncio.to_thread(compacting.wait_settled, 30)
         print(f"compactions applied: {len(compactor.compacting_session(session).compactions)}")
     finally:
         compactor.close()
@@ -105,11 +96,8 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="compactor-example-") as tmp:
         config = Path(tmp) / "compactor.toml"
         config.write_text(f'[compaction]\ntranscript_dir = "{tmp}/transcripts"\n')
-        settings = load_settings(config, environ={})
-        with running_services(settings, str(config), workdir=Path(tmp) / "up") as url:
-            if not wait_for_workers(url, settings, expected=2, timeout_s=60):
-                raise SystemExit("workers did not start")
-            client = Client(with_redis_url(settings, url))
+        with local_stack(config) as stack:  # Redis, the workers and the scheduler, ready
+            client = Client(stack.settings)
             try:
                 asyncio.run(main(client))
             finally:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,9 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from worker.cli_service import running_services, wait_for_workers
 from worker.client import Client
-from worker.config import load_settings, with_redis_url
 from worker.integrations.openai_agents import CompactingAgentSession
+from worker.local import local_stack
 
 
 class ScriptedModel(Model):
@@ -93,15 +91,8 @@ async def main(client: Client) -> None:
             print(
                 f"run {run}: model given {model.sizes[-2]:3} items; SQLiteSession holds {stored:3}"
             )
-            deadline = time.monotonic() + 30  # a real model takes this long anyway
-            while time.monotonic() < deadline:
-                s = session.compacting.status
-                done, answered = s.last_submitted_revision, s.last_outcome_revision
-                if not s.pending_submits and (
-                    done is None or (answered is not None and answered >= done)
-                ):
-                    break
-                await asyncio.sleep(0.05)
+            # a real model takes seconds; here, wait until the service answered the run
+            await asyncio.to_thread(session.compacting.wait_settled, 30)
         print(f"compactions applied: {len(session.compacting.compactions)}")
     finally:
         session.close()
@@ -111,11 +102,8 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="compactor-example-") as tmp:
         config = Path(tmp) / "compactor.toml"
         config.write_text(f'[compaction]\ntranscript_dir = "{tmp}/transcripts"\n')
-        settings = load_settings(config, environ={})
-        with running_services(settings, str(config), workdir=Path(tmp) / "up") as url:
-            if not wait_for_workers(url, settings, expected=2, timeout_s=60):
-                raise SystemExit("workers did not start")
-            client = Client(with_redis_url(settings, url))
+        with local_stack(config) as stack:  # Redis, the workers and the scheduler, ready
+            client = Client(stack.settings)
             try:
                 asyncio.run(main(client))
             finally:

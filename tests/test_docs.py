@@ -1,15 +1,23 @@
 """docs/ against the code: every setting documented with its default, links that resolve, the
-submit script as the code runs it, and no pointers to notes users do not have."""
+submit script as the code runs it, no pointers to notes users do not have, and every code block
+of README.md and docs/ run as written (tests/docs_runner.py) or validated."""
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import random
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from docs_runner import RUN, Block, blocks
 from pydantic import BaseModel
 
 from worker import keys
@@ -24,11 +32,14 @@ from worker.config import (
     TranscriptRetention,
     WebhooksConfig,
     WorkerConfig,
+    settings_from_mapping,
 )
+from worker.embedded import EmbeddedRedis
+from worker.errors import CompactorError
 from worker.history import range_digest
 from worker.models import CONVERSATION_ID_PATTERN
 from worker.queues import EVALUATE_TASK, task_message
-from worker.redis_state import _SUBMIT
+from worker.redis_state import _SUBMIT, redis_errors
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS = REPO_ROOT / "docs"
@@ -165,3 +176,143 @@ def test_no_pointers_to_notes_users_do_not_have() -> None:
     pointer = re.compile(r"DESIGN\.md|\(issue [0-9]|seed's|RFD")
     for path in [REPO_ROOT / "README.md", *DOCS.rglob("*.md"), *DOCS.rglob("*.json")]:
         assert not pointer.search(path.read_text()), path
+
+
+# --- code blocks ------------------------------------------------------------------------------
+
+MARKDOWN = [REPO_ROOT / "README.md", *PAGES]
+BLOCKS = [b for page in MARKDOWN for b in blocks(page)]
+#: What a fence may hold: programs (run), data (validated), and text that is neither.
+LANGUAGES = {"python", "sh", "json", "toml", "text", "lua", "sql"}
+RUN_PAGES = sorted({b.page for b in BLOCKS if b.runs})
+
+
+def test_every_block_says_what_it_holds() -> None:
+    assert [b.where for b in BLOCKS if b.lang not in LANGUAGES] == []
+
+
+def test_blocks_not_run_are_few_and_say_why() -> None:
+    """Every python and sh block runs, except the few that cannot: each says why."""
+    not_run = [b for b in BLOCKS if b.lang in RUN and not b.runs]
+    assert all(b.not_run_reason for b in not_run)
+    assert len(not_run) <= 4, [f"{b.where}: {b.not_run_reason}" for b in not_run]
+    assert [b.where for b in BLOCKS if b.background and b.lang != "sh"] == []
+    assert [b.where for b in BLOCKS if b.directive and not (b.not_run_reason or b.background)] == []
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "json"], ids=lambda b: b.where)
+def test_json_blocks_are_json(block: Block) -> None:
+    text = block.text.strip()
+    json.loads("{" + text + "}" if text.startswith('"') else text)  # a field: inside an object
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "toml"], ids=lambda b: b.where)
+def test_toml_blocks_are_settings_the_service_accepts(block: Block) -> None:
+    settings_from_mapping(tomllib.loads(block.text))
+
+
+def extras() -> set[str]:
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    return set(pyproject["project"]["optional-dependencies"])
+
+
+def test_install_commands_name_extras_that_exist() -> None:
+    texts = [p.read_text() for p in MARKDOWN + sorted((REPO_ROOT / "examples").glob("*.py"))]
+    named = {
+        extra
+        for text in texts
+        for group in re.findall(r"pip install [^\n`]*?\[([\w,-]+)\]", text)
+        for extra in group.split(",")
+    }
+    assert named, "no install command found"
+    assert named <= extras(), named - extras()
+    assert not re.search(r"pip install '?compaction-worker", "\n".join(texts))  # not on an index
+
+
+def test_the_readme_lists_every_extra() -> None:
+    text = (REPO_ROOT / "README.md").read_text()
+    table = text[text.index("| extra |") :].split("\n\n")[0]
+    listed = set(re.findall(r"^\| `([\w-]+)` \| ", table, re.M))
+    assert listed == extras()
+
+
+@functools.cache
+def namespaces_unavailable() -> str | None:
+    """Why a page cannot get a network namespace of its own here (None: it can)."""
+    try:
+        subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--net", "true"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unshare --user --net is not available: {exc}"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RUN_PAGES)
+def test_every_block_of_a_page_runs_as_written(page: str) -> None:
+    """The page's blocks, in order, in a scratch checkout, in a network namespace with only
+    loopback (tests/docs_runner.py says what each page gets)."""
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("COMPACTOR_")}
+    proc = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--net",
+            sys.executable,
+            str(REPO_ROOT / "tests" / "docs_runner.py"),
+            page,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+
+
+def error_table() -> dict[str, tuple[str, str]]:
+    """The README's table of CLI failures: `error` -> (commands, exit code)."""
+    text = (REPO_ROOT / "README.md").read_text()
+    table = text[text.index("| failure | commands | `error` | exit |") :].split("\n\n")[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        _failure, commands, error, code = (c.strip() for c in line.strip("|").split("|"))
+        rows[error.split()[0].strip("`")] = (commands, code)
+    return rows
+
+
+def test_the_error_table_has_a_row_for_each_redis_error_code() -> None:
+    """Every code ``redis_errors`` converts redis-py's errors into."""
+    codes = set()
+    for error in (redis.exceptions.ConnectionError(), redis.exceptions.ResponseError("OOM")):
+        with pytest.raises(CompactorError) as caught, redis_errors("testing"):
+            raise error
+        codes.add(caught.value.code)
+    assert codes == {"redis_unavailable", "redis_error"}
+    assert codes <= set(error_table())
+
+
+def test_a_command_redis_refuses_ends_as_the_error_table_says(tmp_path: Path, run_cli: Any) -> None:
+    """A real Redis out of memory under ``noeviction`` refuses the submit script: the CLI
+    says ``redis_error`` and exits 1."""
+    snapshot = tmp_path / "big.json"
+    noise = base64.b64encode(random.Random(7).randbytes(3 * 1024 * 1024)).decode()
+    messages = [{"id": "m1", "role": "user", "content": noise}]
+    snapshot.write_text(
+        json.dumps({"conversation_id": "c-big", "revision": 1, "messages": messages})
+    )
+    with EmbeddedRedis(directory=tmp_path / "redis", extra_args=("--maxmemory", "2mb")) as url:
+        result = run_cli("submit", snapshot, env={"COMPACTOR_REDIS_URL": url})
+    commands, code = error_table()["redis_error"]
+    assert "`submit`" in commands
+    assert result.code == int(code), result.stderr
+    assert json.loads(result.stderr.splitlines()[-1])["error"] == "redis_error"

@@ -32,7 +32,7 @@ from worker.errors import (
     RedisUnavailable,
     StorageError,
 )
-from worker.events import CompactionEvent, CompletedEvent, parse_event
+from worker.events import OUTCOME_TYPES, CompactionEvent, CompletedEvent, parse_event
 from worker.history import apply_compaction
 from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE, MAX_REVISION, WireFormat
 from worker.projection import CompressionCache, ProjectionPolicy
@@ -40,7 +40,7 @@ from worker.projection import project as project_messages
 from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
 from worker.redis_state import RedisState, SubmitResult, connect, connect_async, state_url
 from worker.snapshots import decode_json, encode_json, media_rules
-from worker.transcripts import TranscriptStore, open_store
+from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, open_store
 
 __all__ = [
     "Client",
@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_WAIT_BLOCK_MS = 5000  # the longest single blocking read of Client.wait_for
 
 
 def project(
@@ -184,14 +186,60 @@ class Client:
         finally:
             await client.aclose()
 
+    def wait_for(
+        self,
+        conversation_id: str,
+        *,
+        revision: int | None = None,
+        after: str = "0",
+        timeout_s: float = 60.0,
+    ) -> CompactionEvent:
+        """The first outcome event (``compaction.completed``, ``.skipped``, ``.failed`` or
+        ``.rejected``) after stream id ``after`` (of ``revision`` or a newer one, if given),
+        waiting for it up to ``timeout_s``; ``TimeoutError`` when none arrives in time. An
+        outcome published before the call counts: submit, then wait."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                which = "" if revision is None else f" revision {revision} or later of"
+                raise TimeoutError(
+                    f"no outcome event for{which} {conversation_id} within {timeout_s:g} s"
+                )
+            # Bounded waits: a blocked read never outlasts the deadline by more than one.
+            batch = self.state.read_events(
+                conversation_id, after=after, block_ms=min(remaining_ms, _WAIT_BLOCK_MS)
+            )
+            for entry_id, data in batch:
+                after = entry_id
+                event = _read_event(entry_id, data)
+                if (
+                    event is not None
+                    and event.type in OUTCOME_TYPES
+                    and (revision is None or event.revision >= revision)
+                ):
+                    return event
+
     def restore(
-        self, conversation: str | CompletedEvent, *, revision: int | None = None
+        self,
+        conversation: str | CompactionEvent | dict[str, Any] | bytes,
+        *,
+        revision: int | None = None,
     ) -> list[dict[str, Any]]:
         """An original history from the transcripts: the one a completed event replaced
-        (sha256-checked), or a conversation's newest transcript (at ``revision``, if given)."""
-        if isinstance(conversation, CompletedEvent):
-            return restore(conversation, store=self.store)
-        return restore_conversation(conversation, store=self.store, revision=revision)
+        (sha256-checked), or a conversation's newest transcript (at ``revision``, if given).
+
+        The event may be an event, its dict or its JSON (a line of ``compactor events`` as
+        printed). Its transcript is read from the configured store by the conversation and
+        name at the end of the reference (so events from before a ``compactor transcripts
+        migrate`` restore from the new store), else from the store the reference names (a
+        worker's transcript directory, S3 bucket or PostgreSQL table that is not this
+        client's)."""
+        if isinstance(conversation, str) and not conversation.lstrip().startswith("{"):
+            return restore_conversation(conversation, store=self.store, revision=revision)
+        if revision is not None:
+            raise TypeError("revision= goes with a conversation id, not with an event")
+        return restore(conversation, store=self.store)
 
     @property
     def store(self) -> TranscriptStore:
@@ -225,18 +273,83 @@ def _async_redis_error(exc: Exception) -> CompactorError:
     return RedisUnavailable(f"redis unavailable while reading events: {type(exc).__name__}")
 
 
-def restore(event: CompletedEvent, *, store: TranscriptStore | str | Path) -> list[dict[str, Any]]:
+def restore(
+    event: CompactionEvent | dict[str, Any] | str | bytes, *, store: TranscriptStore | str | Path
+) -> list[dict[str, Any]]:
     """The original messages of a completed compaction, from its transcript (``store``: a
-    store, a store URL, or a transcript directory)."""
-    ref = event.compaction.transcript
+    store, a store URL, or a transcript directory; when it does not hold the transcript, the
+    store the event's reference names). ``event``: an event, its dict or its JSON."""
+    parsed = parse_event(event) if isinstance(event, dict | str | bytes) else event
+    ref = parsed.compaction.transcript if isinstance(parsed, CompletedEvent) else None
     if ref is None:
-        raise EventMismatch(f"the {event.type} event has no transcript")
+        raise EventMismatch(f"the {parsed.type} event has no transcript")
+    try:
+        key = key_of_uri(ref.uri)
+    except InvalidSnapshot:
+        raise EventMismatch(f"the event's transcript reference is not one: {ref.uri!r}") from None
+    attempts = _Attempts(key, ref.sha256)
     with _opened(store) as opened:
-        data = opened.read(ref.uri)
-    if hashlib.sha256(data).hexdigest() != ref.sha256:
-        raise EventMismatch(f"transcript {ref.uri} does not match the event's sha256")
+        data = attempts.read(opened)
+        named = _store_named_by(ref.uri) if data is None else None
+        if named is not None:
+            try:
+                with _opened(named) as other:
+                    if other.display != opened.display:  # not the one just tried
+                        data = attempts.read(other)
+            except CompactorError as exc:  # e.g. that store's extra is not installed here
+                attempts.failed(ref.uri, exc.message)
+    if data is None:
+        raise attempts.error()
     messages: list[dict[str, Any]] = json.loads(data)["messages"]
     return messages
+
+
+class _Attempts:
+    """Reads of one transcript from the stores that may hold it, and why each failed."""
+
+    def __init__(self, key: TranscriptKey, sha256: str) -> None:
+        self.key, self.sha256 = key, sha256
+        self.why: list[str] = []
+        self.mismatched = False
+
+    def read(self, store: TranscriptStore) -> bytes | None:
+        """The transcript's bytes if ``store`` has them and they hash to the event's sha256."""
+        try:
+            data = store.get(self.key)
+        except StorageError as exc:
+            self.failed(store.display, exc.message)
+            return None
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            self.mismatched = True
+            self.failed(store.display, "does not match the event's sha256")
+            return None
+        return data
+
+    def failed(self, where: str, why: str) -> None:
+        self.why.append(f"{where or 'the store'}: {why}")
+
+    def error(self) -> CompactorError:
+        """Another transcript under this name: the event does not describe it; none found:
+        storage (retry later, or configure the store that has it)."""
+        message = f"cannot restore transcript {self.key}: " + "; ".join(self.why)
+        return EventMismatch(message) if self.mismatched else StorageError(message)
+
+
+def _store_named_by(uri: str) -> str | None:
+    """The store a transcript reference names, as a store URL: the directory two levels above
+    a file's path, ``s3://bucket/prefix``, or a PostgreSQL database and table (credentials
+    from the environment, as libpq reads them). None for a reference of no known form."""
+    head, _, _ = uri.replace("\\", "/").rstrip("/").rpartition("/")
+    root, _, _ = head.rpartition("/")
+    if not root:
+        return None
+    scheme = root.split("://", 1)[0].lower() if "://" in root else ""
+    if scheme in ("postgresql", "postgres"):
+        database, _, table = root.rpartition("/")
+        return f"{database}?table={table}" if "://" in database else None
+    if scheme in ("", "file", "s3"):
+        return root
+    return None
 
 
 def restore_conversation(

@@ -145,6 +145,8 @@ class _Core:
         self.follow_block_ms = follow_block_ms
         self._reuse = Reuse(conversation_cache_bytes=0)
         self._lock = threading.RLock()
+        # Notified when a submit is recorded or an outcome read (``wait_settled``).
+        self._status_changed = threading.Condition(self._lock)
         self._history: list[dict[str, Any]] = [_own(m) for m in messages]
         self._version = 0  # bumped on every change of the history
         self._projected: tuple[int, list[dict[str, Any]]] | None = None
@@ -225,6 +227,19 @@ class _Core:
                 snapshots_rejected=self._rejected,
                 last_rejection=self._last_rejection,
             )
+
+    def _wait_settled(self, timeout_s: float) -> bool:
+        """Until every turn is submitted (or refused) and the outcome event of the newest
+        accepted snapshot has been read; False when ``timeout_s`` passes first."""
+
+        def settled() -> bool:
+            submitted, outcome = self._last_submitted, self._last_outcome
+            return self._turns == self._submitted_turn and (
+                submitted is None or (outcome is not None and outcome >= submitted)
+            )
+
+        with self._status_changed:
+            return self._status_changed.wait_for(settled, timeout=timeout_s)
 
     # --- changing the history -----------------------------------------------------------------
 
@@ -497,6 +512,7 @@ class _Core:
             self._last_error = None
             if self._floor is None:
                 self._floor = revision
+            self._status_changed.notify_all()
             return True
 
     def _submit_failed(self, revision: int, exc: CompactorError, backoff_s: float) -> None:
@@ -520,6 +536,7 @@ class _Core:
             self._last_error = f"{exc.code}: {exc.message}"
             self._submitted_turn = max(self._submitted_turn, turn)
             self._retrying = False
+            self._status_changed.notify_all()
         log.error("the service refused %s revision %d: %s", self.conversation_id, revision, exc)
 
     def _received_event(self, event: CompactionEvent) -> None:
@@ -543,6 +560,7 @@ class _Core:
                     if self._last_outcome is None
                     else max(self._last_outcome, event.revision)
                 )
+                self._status_changed.notify_all()
 
     def _follow_failed(self, exc: CompactorError, backoff_s: float) -> None:
         with self._lock:
@@ -672,6 +690,13 @@ class CompactingSession(_Core):
         for item in self._release_held():
             self._drain_one(*item)
 
+    def wait_settled(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the service has answered the newest turn: every turn submitted and the
+        outcome event (completed, skipped, failed or rejected) of the newest accepted snapshot
+        read. True then; False when ``timeout_s`` passes first. For scripts, tests and
+        shutdown; an agent never needs to wait (``request_messages`` applies what arrived)."""
+        return self._wait_settled(timeout_s)
+
     def undo(self) -> list[dict[str, Any]]:
         """Put back the history the newest applied compaction replaced (from its transcript,
         sha256-checked), keeping every message added after it. Nothing is submitted: the next
@@ -769,13 +794,13 @@ class CompactingSession(_Core):
                     stop=self._stop,
                 ):
                     after = entry_id
-                    self._received_event(event)
                     while not self._stop.is_set():
                         try:
                             self._inbox.put((entry_id, event), timeout=0.5)
                             break
                         except queue.Full:
                             continue
+                    self._received_event(event)  # after: wait_settled's caller can drain it
                     backoff = 0.0
             except CompactorError as exc:
                 if self._stop.is_set():
@@ -848,6 +873,11 @@ class AsyncCompactingSession(_Core):
             self._drain_one(*self._inbox.get_nowait())
         for item in self._release_held():
             self._drain_one(*item)
+
+    async def wait_settled(self, timeout_s: float = 60.0) -> bool:
+        """:meth:`CompactingSession.wait_settled`, waiting on a thread (the loop runs on)."""
+        self._start()
+        return await asyncio.to_thread(self._wait_settled, timeout_s)
 
     async def undo(self) -> list[dict[str, Any]]:
         applied = self._undo_plan()
@@ -945,8 +975,8 @@ class AsyncCompactingSession(_Core):
                     self.conversation_id, after=after, follow=True, block_ms=self.follow_block_ms
                 ):
                     after = entry_id
-                    self._received_event(event)
                     await self._inbox.put((entry_id, event))
+                    self._received_event(event)  # after: wait_settled's caller can drain it
                     backoff = 0.0
             except CompactorError as exc:
                 backoff = min(max(BACKOFF_START_S, backoff * 2), BACKOFF_MAX_S)
