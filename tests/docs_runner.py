@@ -132,10 +132,12 @@ def scratch_checkout(directory: Path) -> None:
             shutil.copytree(entry, directory / "docs")
         elif entry.name == ".venv":
             (directory / ".venv").mkdir()
+            stamps = (".installed", ".installed-demo")  # the Makefile's set-up stamps
             for part in entry.iterdir():
-                if part.name != ".installed":
+                if part.name not in stamps:
                     (directory / ".venv" / part.name).symlink_to(part)
-            (directory / ".venv" / ".installed").touch()
+            for stamp in stamps:
+                (directory / ".venv" / stamp).touch()
         else:
             (directory / entry.name).symlink_to(entry)
 

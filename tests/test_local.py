@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from service_support import conversation, write_config
 from worker.client import Client
 from worker.config import Settings, with_redis_url
 from worker.embedded import free_port
+from worker.errors import ConfigError
 from worker.events import CompletedEvent
 from worker.local import LocalStack, local_stack
 from worker.session import AsyncCompactingSession, CompactingSession
@@ -45,6 +47,10 @@ def test_the_block_starts_with_every_part_ready_and_ends_with_none_running(
     with pytest.MonkeyPatch.context() as env:
         for name in [n for n in os.environ if n.startswith("COMPACTOR_")]:
             env.delenv(name)
+        # refused before anything starts
+        with pytest.raises(ConfigError, match="no API keys"), local_stack(config, http_port=port):
+            pass
+        env.setenv("COMPACTOR_API_KEYS", json.dumps({"local-test-key-0123456789": "acme"}))
         with local_stack(config, http_port=port) as running:
             assert running.http_url == f"http://127.0.0.1:{port}"
             assert healthz(port) == 200  # ready when the block starts: no waiting here

@@ -334,8 +334,11 @@ def running_services(
     the scheduler, until the block ends; a worker or the scheduler that exits is restarted
     (:class:`Supervisor`). Yields the Redis URL. Whatever was started is stopped again also
     when starting the rest fails or is interrupted."""
+    from worker.api.auth import serving_keys
     from worker.embedded import EmbeddedRedis
 
+    if http_port is not None and not http_no_auth:
+        serving_keys(settings, os.environ)  # no keys: refused before anything starts
     with contextlib.ExitStack() as started:
         url = redis_url(settings)
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: Redis, logs, schedule
