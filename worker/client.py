@@ -38,7 +38,16 @@ from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE, MAX_REV
 from worker.projection import CompressionCache, ProjectionPolicy
 from worker.projection import project as project_messages
 from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
-from worker.redis_state import RedisState, SubmitResult, connect, connect_async, state_url
+from worker.redis_state import (
+    RedisState,
+    SubmitResult,
+    anewest_id,
+    await_entries,
+    connect,
+    connect_async,
+    state_url,
+    stream_entries,
+)
 from worker.snapshots import decode_json, encode_json, media_rules
 from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, open_store
 
@@ -137,9 +146,13 @@ class Client:
         block_ms: int = 5000,
         stop: threading.Event | None = None,
     ) -> Iterator[tuple[str, CompactionEvent]]:
-        """(stream id, event) pairs after ``after``; with ``follow``, waits for new ones.
+        """(stream id, event) pairs after ``after``; with ``follow``, waits for new ones, up to
+        ``block_ms`` per read (0: until one comes; ``after="$"``: the events from now on).
         Resume from the last id you saw to pick up exactly where you left off. ``stop``: a
-        follower ends once this is set (looked at after each wait of up to ``block_ms``)."""
+        follower ends once this is set (looked at after each wait of up to ``block_ms``). An
+        entry that is no event is skipped with a warning."""
+        if follow and after == "$":
+            after = self.state.newest_id(conversation_id)
         while stop is None or not stop.is_set():
             batch = self.state.read_events(
                 conversation_id, after=after, block_ms=block_ms if follow else None
@@ -163,24 +176,28 @@ class Client:
         """Async ``events``, with Redis' asyncio client (no thread is held while waiting)."""
         client: Any = connect_async(self._url)
         stream = keys.events(conversation_id)
+
+        async def read(block: int | None) -> Any:
+            return await client.xread({stream: after}, count=100, block=block)
+
         try:
             while True:
                 try:
-                    reply = await client.xread(
-                        {stream: after}, count=100, block=block_ms if follow else None
-                    )
+                    if follow and after == "$":
+                        after = await anewest_id(client, stream)
+                    reply = await (await_entries(read, block_ms) if follow else read(None))
                 except (
                     redis.exceptions.RedisError,
                     redis.exceptions.RedisClusterException,
                     OSError,
                 ) as exc:
                     raise _async_redis_error(exc) from None
-                entries = [(e, f) for _s, batch in reply or [] for e, f in batch]
-                for entry_id, fields in entries:
-                    after = entry_id.decode()
-                    event = _read_event(after, json.loads(fields[b"event"]))
+                entries = stream_entries(reply, stream)
+                for entry_id, data in entries:
+                    after = entry_id
+                    event = _read_event(entry_id, data)
                     if event is not None:
-                        yield after, event
+                        yield entry_id, event
                 if not follow and not entries:
                     return
         finally:
@@ -257,9 +274,11 @@ class Client:
             self._submit_pool.shutdown(wait=False)
 
 
-def _read_event(entry_id: str, data: dict[str, Any]) -> CompactionEvent | None:
+def _read_event(entry_id: str, data: dict[str, Any] | None) -> CompactionEvent | None:
     """A stream entry as an event; one that cannot be read at all is skipped with a warning,
-    so that it never stops a reader."""
+    so that it never stops a reader (None: not even JSON, already warned about)."""
+    if data is None:
+        return None
     try:
         return parse_event(data)
     except ValidationError:

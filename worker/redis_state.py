@@ -15,11 +15,15 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
 from redis.backoff import ExponentialBackoff
@@ -115,18 +119,30 @@ def _tls(target: RedisTarget) -> dict[str, Any]:
 
 _sync_cluster: Any = redis.cluster  # partly unannotated
 _sync_sentinel: Any = redis.sentinel
+_async_sentinel: Any = redis.asyncio.sentinel
 _RETRY_ON = [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
 
+#: How long any reply may take before its connection is given up for dead: every client's
+#: socket timeout, set explicitly on every kind of client (redis-py's own default is no
+#: timeout before 8.0 and 5 s from 8.0, and differs between its clients).
+READ_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+HEALTH_CHECK_S = 15
+#: The longest ``BLOCK`` of one XREAD/XREADGROUP: its reply is due by then, well within
+#: ``READ_TIMEOUT_S``. A longer wait is several such reads (:func:`block_slices`): a follower
+#: waits as long as it was told, and every connection keeps its read timeout.
+BLOCK_SLICE_MS = 5000
 
-def connect(url: str, *, socket_timeout_s: float = 10.0) -> Any:
+
+def connect(url: str) -> Any:
     """A client for any form of ``[redis] url`` (:func:`worker.redis_target.parse_redis_url`):
     a standalone Redis, a Redis Cluster or the master a Sentinel names. Each retries a few
     times with backoff on connection errors (restarts, failovers)."""
     target = parse_redis_url(url)
     common: dict[str, Any] = {
-        "socket_timeout": socket_timeout_s,
-        "socket_connect_timeout": 5.0,
-        "health_check_interval": 15,
+        "socket_timeout": READ_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_S,
         "retry": _retry(),
     }
     if target.kind == "standalone":
@@ -137,17 +153,34 @@ def connect(url: str, *, socket_timeout_s: float = 10.0) -> Any:
             **target.auth(),
             **common,
         )
-    sentinel = _sync_sentinel.Sentinel(
-        target.nodes,
-        sentinel_kwargs={
-            "socket_timeout": socket_timeout_s,
-            "socket_connect_timeout": 5.0,
-            **_tls(target),
-        },
-    )
+    sentinel = _sync_sentinel.Sentinel(target.nodes, sentinel_kwargs=_sentinel_kwargs(target))
     return sentinel.master_for(
         target.service, db=target.db, retry_on_error=_RETRY_ON, **target.auth(), **common
     )
+
+
+def _sentinel_kwargs(target: RedisTarget) -> dict[str, Any]:
+    """How to talk to the Sentinels themselves (the master's connections are configured apart)."""
+    return {
+        "socket_timeout": READ_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        **_tls(target),
+    }
+
+
+def block_slices(block_ms: int) -> Iterator[int]:
+    """The ``BLOCK`` of each read that together wait ``block_ms`` (0: without end, as Redis
+    means it), each at most :data:`BLOCK_SLICE_MS`. Never 0 itself, which would block forever."""
+    if block_ms < 0:
+        raise ValueError(f"block_ms must be 0 (no end) or more, not {block_ms}")
+    if block_ms == 0:
+        while True:
+            yield BLOCK_SLICE_MS
+    deadline = time.monotonic() + block_ms / 1000
+    left = block_ms
+    while left > 0:
+        yield min(left, BLOCK_SLICE_MS)
+        left = int((deadline - time.monotonic()) * 1000)
 
 
 #: Pauses between the cluster client's attempts while no node answers (about 9 s in all): its
@@ -180,30 +213,121 @@ class _PatientCluster(redis.cluster.RedisCluster):
 
 
 def connect_async(url: str, *, max_connections: int | None = None) -> Any:
-    """:func:`connect` for asyncio code (redis-py's asyncio clients), for long blocking reads:
-    no per-command timeout (``XREAD BLOCK`` waits as long as it was told)."""
-    import redis.asyncio
-    import redis.asyncio.cluster
-    import redis.asyncio.sentinel
-
+    """:func:`connect` for asyncio code (redis-py's asyncio clients), with the same timeouts and
+    retries. A blocking read waits longer than ``READ_TIMEOUT_S`` in slices: see
+    :func:`await_entries`."""
     target = parse_redis_url(url)
-    common: dict[str, Any] = {"socket_connect_timeout": 5.0, "health_check_interval": 15}
+    common: dict[str, Any] = {
+        "socket_timeout": READ_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_S,
+    }
     if max_connections is not None:
         common["max_connections"] = max_connections
+    # Without a retry policy redis-py's asyncio connections try once: the first command on a
+    # pooled connection that a Redis restart closed would fail. The cluster client has its own.
+    retries: dict[str, Any] = {
+        "retry": _AsyncTransientRetry(ExponentialBackoff(cap=2.0, base=0.1), retries=5),
+        "retry_on_error": _RETRY_ON,
+    }
     if target.kind == "standalone":
-        return redis.asyncio.Redis.from_url(url, **common)
+        return redis.asyncio.Redis.from_url(url, **retries, **common)
     if target.kind == "cluster":
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.nodes],
-            socket_timeout=None,
             **target.auth(),
             **common,
         )
-    async_sentinel: Any = redis.asyncio.sentinel  # partly unannotated
-    sentinel = async_sentinel.Sentinel(
-        target.nodes, sentinel_kwargs={"socket_connect_timeout": 5.0, **_tls(target)}
+    sentinel = _async_sentinel.Sentinel(target.nodes, sentinel_kwargs=_sentinel_kwargs(target))
+    return sentinel.master_for(
+        target.service,
+        redis_class=_AsyncSentinelMaster,
+        db=target.db,
+        **target.auth(),
+        **retries,
+        **common,
     )
-    return sentinel.master_for(target.service, db=target.db, **target.auth(), **common)
+
+
+class _Refused(Exception):
+    """Carries an AuthenticationError past redis-py's retry loop (it is no redis error)."""
+
+    def __init__(self, error: redis.exceptions.AuthenticationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _AsyncTransientRetry(redis.asyncio.retry.Retry):
+    """:class:`TransientRetry` for the asyncio clients, whose ``Retry`` has no ``is_retryable``
+    before redis-py 8.0: a refused password goes past the retry loop, wrapped."""
+
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        async def attempt() -> Any:
+            try:
+                return await do()
+            except redis.exceptions.AuthenticationError as exc:
+                raise _Refused(exc) from None
+
+        try:
+            return await super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.error from None
+
+
+class _AsyncSentinelMaster(redis.asyncio.Redis):
+    """The master a Sentinel names, whose ``aclose`` closes the connections to the Sentinels
+    too (redis-py leaves them open: one per follower that came and went)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in self.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            await sentinel.aclose()
+
+
+async def await_entries(read: Callable[[int], Awaitable[Any]], block_ms: int) -> Any:
+    """The first reply with entries of ``read(block)`` (an XREAD or XREADGROUP with that
+    ``BLOCK``), called over :func:`block_slices` of ``block_ms``; None once the wait is over.
+
+    The caller's stream ids must be fixed ones (or ``>``), never ``$``: each slice would take
+    ``$`` afresh and miss what arrived in between (:func:`anewest_id` fixes it)."""
+    for block in block_slices(block_ms):
+        reply = await read(block)
+        if reply:
+            return reply
+    return None
+
+
+async def anewest_id(client: Any, stream: str) -> str:
+    """:meth:`RedisState.newest_id` on an asyncio client."""
+    return _newest(await client.xrevrange(stream, count=1))
+
+
+def _newest(entries: list[Any]) -> str:
+    return _text(entries[0][0]) if entries else "0-0"
+
+
+def stream_entries(reply: Any, stream: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """The entries of an XREAD/XREADGROUP reply as (entry id, event), oldest first; the event
+    is None, after a warning, for an entry that holds no JSON object (a reader moves past it
+    instead of stopping on it)."""
+    return [
+        (_text(entry_id), entry_event(entry_id, fields, stream))
+        for _stream, entries in reply or []
+        for entry_id, fields in entries
+    ]
+
+
+def entry_event(entry_id: Any, fields: Any, stream: str) -> dict[str, Any] | None:
+    """The ``event`` field of a stream entry as a JSON object, or None (with a warning)."""
+    raw = fields.get(b"event") if isinstance(fields, dict) else None
+    try:
+        doc = json.loads(raw) if raw is not None else None
+    except ValueError:  # not JSON, or not UTF-8
+        doc = None
+    if isinstance(doc, dict):
+        return doc
+    log.warning("skipping entry %s of %s: not a JSON event", _text(entry_id), stream)
+    return None
 
 
 # Every script touches one conversation's keys only, all passed in KEYS and all in the slot of
@@ -532,22 +656,32 @@ class RedisState:
         after: str = "0",
         block_ms: int | None = None,
         count: int = 100,
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """Events after stream id ``after`` (``"0"`` for all), oldest first."""
+    ) -> list[tuple[str, dict[str, Any] | None]]:
+        """Events after stream id ``after`` (``"0"`` for all), oldest first. With ``block_ms``,
+        waits that long (0: until one comes) when there is none yet. An entry that holds no
+        JSON event comes with None (and a warning), so that a reader moves past it."""
+        stream = keys.events(conversation_id)
+        if block_ms is not None and after == "$":
+            after = self.newest_id(conversation_id)
+        reply = None
+        for block in [None] if block_ms is None else block_slices(block_ms):
+            with redis_errors("reading events"):
+                reply = self.client.xread({stream: after}, count=count, block=block)
+            if reply:
+                break
+        return stream_entries(reply, stream)
+
+    def newest_id(self, conversation_id: str) -> str:
+        """The id of the conversation's newest event (``0-0`` if none): what ``$`` means now,
+        fixed, for a follower that reads more than once."""
         with redis_errors("reading events"):
-            reply = self.client.xread(
-                {keys.events(conversation_id): after}, count=count, block=block_ms
-            )
-        out = []
-        for _stream, entries in reply or []:
-            for entry_id, fields in entries:
-                out.append((_text(entry_id), json.loads(fields[b"event"])))
-        return out
+            return _newest(self.client.xrevrange(keys.events(conversation_id), count=1))
 
     def recent_events(self, count: int = 20) -> list[dict[str, Any]]:
         with redis_errors("reading recent events"):
             entries = self.client.xrevrange(keys.RECENT, count=count)
-        return [json.loads(fields[b"event"]) for _id, fields in entries]
+        readable = (entry_event(i, fields, keys.RECENT) for i, fields in entries)
+        return [event for event in readable if event is not None]
 
     # --- housekeeping ------------------------------------------------------------------------
 

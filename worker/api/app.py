@@ -47,7 +47,13 @@ from worker.errors import (
 from worker.events import CompletedEvent, parse_event
 from worker.history import apply_compaction
 from worker.models import MAX_REVISION
-from worker.redis_state import connect_async, state_url
+from worker.redis_state import (
+    anewest_id,
+    await_entries,
+    connect_async,
+    state_url,
+    stream_entries,
+)
 from worker.snapshots import decode_json
 
 log = logging.getLogger(__name__)
@@ -138,8 +144,13 @@ class Api:
         return out
 
 
-def _external_event(raw: bytes, tenant: Tenant, stream_id: str) -> dict[str, Any]:
-    return tenant.event(json.loads(raw)) | {"stream_id": stream_id}
+def _external_events(
+    entries: list[tuple[str, dict[str, Any] | None]], tenant: Tenant
+) -> list[dict[str, Any]]:
+    """Stream entries (:func:`worker.redis_state.stream_entries`) as the tenant sees them
+    (:meth:`Tenant.event`); an entry that holds no JSON event is left out (it was warned
+    about)."""
+    return [tenant.event(doc) | {"stream_id": sid} for sid, doc in entries if doc is not None]
 
 
 @contextlib.contextmanager
@@ -235,23 +246,23 @@ async def conversation_events(request: Request) -> Response:
         )
     with _redis("reading events"):
         reply = await api.aredis.xread({stream: after}, count=limit)
-    return JSONResponse(
-        [
-            _external_event(fields[b"event"], tenant, entry_id.decode())
-            for _s, entries in reply or []
-            for entry_id, fields in entries
-        ]
-    )
+    return JSONResponse(_external_events(stream_entries(reply, stream), tenant))
 
 
 async def _sse(api: Api, stream: str, tenant: Tenant, after: str) -> AsyncIterator[bytes]:
     """Each event as ``id: <stream id>`` + ``data: <json>``; a comment when idle. A client
     that reconnects with ``Last-Event-ID`` resumes after the last event it saw."""
     block_ms = int(api.settings.http.sse_keepalive_s * 1000)
+
+    async def read(block: int) -> Any:
+        return await api.aredis.xread({stream: after}, count=100, block=block)
+
     yield b"retry: 1000\n\n"
     while True:
         try:
-            reply = await api.aredis.xread({stream: after}, count=100, block=block_ms)
+            if after == "$":  # fixed once: "$" read afresh would miss events between reads
+                after = await anewest_id(api.aredis, stream)
+            reply = await await_entries(read, block_ms)
         except (
             redis.exceptions.RedisError,
             redis.exceptions.RedisClusterException,
@@ -261,16 +272,17 @@ async def _sse(api: Api, stream: str, tenant: Tenant, after: str) -> AsyncIterat
             yield b": redis unavailable, retrying\n\n"
             await asyncio.sleep(1.0)
             continue
-        entries = [(e, f) for _s, batch in reply or [] for e, f in batch]
-        if not entries:
+        if not reply:
             yield b": keep-alive\n\n"
             continue
+        entries = stream_entries(reply, stream)
+        after = entries[-1][0]  # past an unreadable entry too
         out = []
-        for entry_id, fields in entries:
-            after = entry_id.decode()
-            data = json.dumps(_external_event(fields[b"event"], tenant, after), ensure_ascii=False)
-            out.append(f"id: {after}\ndata: {data}\n\n".encode())
-        yield b"".join(out)
+        for doc in _external_events(entries, tenant):
+            data = json.dumps(doc, ensure_ascii=False)
+            out.append(f"id: {doc['stream_id']}\ndata: {data}\n\n".encode())
+        if out:
+            yield b"".join(out)
 
 
 def _known_id(tenant: Tenant, request: Request) -> str:

@@ -2,8 +2,10 @@
 
 Registrations live in Redis (``cw:webhooks:{tenant}``, a hash id -> JSON). Every ``serve``
 process reads the all-conversations stream ``cw:recent`` in one consumer group
-(``compactor-webhooks``), so each event is delivered once whichever process reads it, and
-after a restart delivery goes on where the group left off. Each delivery is signed::
+(``compactor-webhooks``), so each event is delivered by one process whichever reads it, and
+after a restart delivery goes on where the group left off; an entry is acknowledged once
+delivered, and one handed over but not acknowledged is delivered again (at least once).
+Each delivery is signed::
 
     X-Compactor-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>
 
@@ -37,6 +39,7 @@ import redis
 
 from worker import keys
 from worker.api.auth import Tenant
+from worker.redis_state import BLOCK_SLICE_MS, entry_event
 
 if TYPE_CHECKING:
     from worker.api.app import Api
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 GROUP = "compactor-webhooks"
 SIGNATURE_HEADER = "X-Compactor-Signature"
 MAX_HOOKS_PER_TENANT = 20
+#: How often a ``serve`` process delivers again what it was handed and never acknowledged.
+PENDING_SWEEP_S = 15.0
 
 
 class UnsafeUrl(ValueError):
@@ -232,6 +237,7 @@ class Webhooks:
         self._loop_task: asyncio.Task[None] | None = None
         self._deliveries: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        self._in_flight: set[bytes] = set()  # entry ids being delivered (not acknowledged yet)
         self.consumer = f"{socket.gethostname()}"
 
     # --- registrations -------------------------------------------------------------------------
@@ -288,23 +294,22 @@ class Webhooks:
         await self.client.aclose()
 
     async def _run(self) -> None:
-        backlog = True  # first this consumer's own unacknowledged entries, then new ones
+        sweep_at = 0.0  # first this consumer's unacknowledged entries, then new ones
         while True:
             try:
                 with contextlib.suppress(redis.exceptions.ResponseError):  # BUSYGROUP
                     await self.api.aredis.xgroup_create(keys.RECENT, GROUP, id="$", mkstream=True)
                 while True:
+                    if time.monotonic() >= sweep_at:
+                        for entry_id, fields in await self._unacknowledged():
+                            await self._dispatch(entry_id, fields)
+                        sweep_at = time.monotonic() + PENDING_SWEEP_S
                     reply = await self.api.aredis.xreadgroup(
-                        GROUP,
-                        self.consumer,
-                        {keys.RECENT: "0" if backlog else ">"},
-                        count=100,
-                        block=None if backlog else 5000,
+                        GROUP, self.consumer, {keys.RECENT: ">"}, count=100, block=BLOCK_SLICE_MS
                     )
-                    entries = [(e, f) for _s, batch in reply or [] for e, f in batch]
-                    for entry_id, fields in entries:
-                        await self._dispatch(entry_id, fields)
-                    backlog = False  # the backlog is being delivered; from now on, new ones
+                    for _stream, entries in reply or []:
+                        for entry_id, fields in entries:
+                            await self._dispatch(entry_id, fields)
             except asyncio.CancelledError:
                 raise
             except (
@@ -313,15 +318,32 @@ class Webhooks:
                 OSError,
             ) as exc:
                 log.warning("webhooks: redis unavailable (%s); retrying", type(exc).__name__)
+                sweep_at = 0.0  # a read that failed may have been handed entries all the same
                 await asyncio.sleep(1.0)
 
-    async def _dispatch(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
-        raw = fields.get(b"event")
-        event = json.loads(raw) if raw else {}
-        internal = str(event.get("conversation_id", ""))
+    async def _unacknowledged(self) -> list[tuple[bytes, Any]]:
+        """The entries handed to this consumer and never acknowledged, but for those being
+        delivered now: handed over by a read whose reply never arrived, delivered before a
+        restart, or whose acknowledgement failed. Delivered again: at least once."""
+        found: list[tuple[bytes, Any]] = []
+        start: bytes | str = "0"
+        while True:
+            reply = await self.api.aredis.xreadgroup(
+                GROUP, self.consumer, {keys.RECENT: start}, count=100
+            )
+            batch = [(e, f) for _s, entries in reply or [] for e, f in entries]
+            if not batch:
+                return found
+            found += [(e, f) for e, f in batch if e not in self._in_flight]
+            start = batch[-1][0]
+
+    async def _dispatch(self, entry_id: bytes, fields: Any) -> None:
+        # No fields: the entry was trimmed from cw:recent while it waited; nothing to deliver.
+        event = entry_event(entry_id, fields, keys.RECENT) if fields else None
+        internal = str((event or {}).get("conversation_id", ""))
         tenant, sep, external = internal.partition(":")
         hooks = []
-        if sep:
+        if event is not None and sep:
             stored = await self.api.aredis.hgetall(keys.webhooks(tenant))
             hooks = [
                 h
@@ -329,11 +351,12 @@ class Webhooks:
                 if h.get("conversation_id") in (None, external)
                 and (h.get("types") is None or event.get("type") in h["types"])
             ]
-        if not hooks:
+        if event is None or not hooks:
             await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
             return
         body = json.dumps(Tenant(tenant).event(event), ensure_ascii=False).encode()
         await self._slots.acquire()
+        self._in_flight.add(entry_id)
         task = asyncio.create_task(self._deliver_all(entry_id, hooks, body))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
@@ -343,8 +366,9 @@ class Webhooks:
             await asyncio.gather(*(self._deliver(h, body) for h in hooks))
             await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError):
-            pass  # not acknowledged: delivered again after a restart
+            pass  # not acknowledged: the next sweep of unacknowledged entries delivers it again
         finally:
+            self._in_flight.discard(entry_id)
             self._slots.release()
 
     async def _deliver(self, hook: dict[str, Any], body: bytes) -> bool:
