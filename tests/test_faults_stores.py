@@ -182,7 +182,10 @@ class HungServer:
         return f"s3://{bucket}/transcripts?endpoint=http://127.0.0.1:{self.port}&region=us-east-1"
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         self._listener.close()
+        self._thread.join(timeout=60)
         for conn in self.accepted:
             conn.close()
 
