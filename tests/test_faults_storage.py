@@ -19,6 +19,8 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -47,7 +49,9 @@ from store_support import (  # noqa: F401 - fixtures
     store_url,
 )
 
+from worker.errors import StorageError, TranscriptConflict
 from worker.events import CompactionEvent
+from worker.stores import filesystem
 from worker.stores.filesystem import FileStore
 from worker.transcripts import key_of_uri, open_store
 
@@ -161,6 +165,182 @@ def test_a_removed_transcript_directory(make_cluster, tmp_path: Path) -> None:  
         root.parent.unlink()
     assert run(cluster, snaps[4]).type == "compaction.completed"
     check_consistency(cluster, {conv: {4: snaps[4]}})
+
+
+# --- interrupted writes ---------------------------------------------------------------------
+
+BIG = 8 << 20  # a transcript whose write takes a while: room to be interrupted in
+
+
+class Interrupted(Exception):
+    """Raised from a signal handler mid-write, as Celery's soft time limit raises its own."""
+
+
+@pytest.fixture(params=["unnamed", "named"])
+def temporary_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the file store writes: a file without a name (O_TMPFILE, the default on
+    Linux) and, where the file system has none, a named ``.tmp-`` file."""
+    if request.param == "unnamed" and not filesystem.UNNAMED_FILES:
+        pytest.skip("no O_TMPFILE or /proc here: the store writes named temporary files")
+    monkeypatch.setattr(filesystem, "UNNAMED_FILES", request.param == "unnamed")
+    return str(request.param)
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.rglob(f"{filesystem.TEMPORARY_PREFIX}*"))
+
+
+def numbered(i: int, size: int = BIG) -> bytes:
+    return (b"%08d" % i) * (size // 8)
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path, temporary_kind: str) -> None:
+    """A write refused midway (the file grows past what the process may write: EFBIG, as a
+    full disk fails it) and a write that conflicts leave no temporary file, and the
+    transcript already there untouched."""
+    store = FileStore(tmp_path / "transcripts")
+    ref = store.write("c-1", 1, "ab" * 8, numbered(1, 4096))
+    with pytest.raises(TranscriptConflict):
+        store.write("c-1", 1, "ab" * 8, numbered(2, 4096))
+    assert leftovers(store.root) == []
+    assert Path(ref.uri).read_bytes() == numbered(1, 4096)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a core dump
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, hard))
+    try:
+        with pytest.raises(StorageError, match="File too large"):
+            store.write("c-1", 2, "cd" * 8, numbered(3, 1 << 20))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert leftovers(store.root) == []
+    assert [t.revision for t in store.stored("c-1")] == [1]
+
+
+def test_a_write_interrupted_anywhere_is_whole_or_absent_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """An exception raised from a signal handler at points spread over the whole write (as
+    Celery's soft time limit, or Ctrl-C, raise one): each transcript is whole or absent, and
+    no temporary file survives. Only with files without a name: a named temporary file can
+    outlive an exception raised inside the very cleanup that removes it (the prune sweeps it:
+    test_prune_sweeps_temporary_files_left_by_killed_writers)."""
+    if not filesystem.UNNAMED_FILES:
+        pytest.skip("no O_TMPFILE or /proc here: the store writes named temporary files")
+    store = FileStore(tmp_path / "transcripts")
+    started = time.monotonic()
+    store.write("c-1", 0, "00" * 8, numbered(0))
+    one_write_s = time.monotonic() - started
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    interrupted = 0
+    try:
+        for i in range(1, 41):
+            delay = one_write_s * i / 30  # from the start to past the end of a write
+            try:
+                signal.setitimer(signal.ITIMER_REAL, delay)
+                try:
+                    store.write("c-1", i, f"{i:016x}", numbered(i))
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except Interrupted:
+                interrupted += 1
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert interrupted > 0, "no write was interrupted: the test proved nothing"
+    assert leftovers(store.root) == []
+    for t in store.stored("c-1"):
+        assert Path(t.uri).read_bytes() == numbered(t.revision), f"{t.uri} is not whole"
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted
+
+
+WRITER = """
+import sys
+from worker.stores.filesystem import FileStore
+import worker.stores.filesystem as filesystem
+filesystem.UNNAMED_FILES = sys.argv[2] == "unnamed"
+store = FileStore(sys.argv[1])
+for i in range(10_000):
+    payload = (b"%08d" % i) * (int(sys.argv[3]) // 8)
+    print("writing", i, flush=True)
+    store.write("c-1", i, f"{i:016x}", payload)
+"""
+
+
+def test_a_killed_writer_leaves_only_whole_transcripts(tmp_path: Path, temporary_kind: str) -> None:
+    """A process writing transcripts in a loop, SIGKILLed mid-write (while it holds the new
+    file open): every transcript there is whole; without a name nothing else is left, a named
+    temporary file is, and the prune sweeps it once it is an hour old."""
+    root = tmp_path / "transcripts"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root), temporary_kind, str(BIG)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None
+        for i in range(4):  # three writes done (the ones checked below), the fourth begun
+            assert writer.stdout.readline() == f"writing {i}\n", "the writer ended early"
+        wait_until(
+            lambda: has_file_open_in(writer.pid, root / "c-1"),
+            timeout_s=60,
+            every_s=0.0005,
+            what="the writer to hold a transcript file open (mid-write)",
+        )
+        writer.kill()
+    finally:
+        writer.kill()
+        writer.communicate(timeout=60)
+    store = FileStore(root)
+    written = store.stored("c-1")
+    assert len(written) >= 3
+    for t in written:
+        assert Path(t.uri).read_bytes() == numbered(t.revision), f"{t.uri} is not whole"
+    left = leftovers(root)
+    assert len(left) == (0 if temporary_kind == "unnamed" else 1), left
+    for name in left:  # an hour later
+        os.utime(root / "c-1" / name, (time.time() - 7200, time.time() - 7200))
+    removed = store.prune(keep_per_conversation=None, max_age_s=None, max_total_bytes=None)
+    assert [Path(p).name for p in removed] == left
+    assert leftovers(root) == []
+
+
+def has_file_open_in(pid: int, directory: Path) -> bool:
+    """Whether the process has a file in ``directory`` open (a file without a name shows as
+    ``directory/#inode (deleted)``)."""
+    inside = f"{directory}/"
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(inside):
+                return True
+    return False
+
+
+def test_prune_sweeps_temporary_files_left_by_killed_writers(tmp_path: Path) -> None:
+    """A ``.tmp-`` file over an hour old is a killed writer's: the prune removes it (and says
+    so); a younger one may be a write in flight and stays, as does every other file."""
+    store = FileStore(tmp_path / "transcripts")
+    ref = store.write("c-1", 1, "ab" * 8, b"{}")
+    directory = Path(ref.uri).parent
+    now = time.time()
+    stale = directory / ".tmp-000000000000000002-cdcdcdcdcdcdcdcd.json-4242-0badf00d"
+    fresh = directory / ".tmp-000000000000000003-efefefefefefefef.json-4243-feedface"
+    other = directory / ".notes"
+    for path in (stale, fresh, other):
+        path.write_bytes(b"partial")
+        os.utime(path, (now - 7200, now - 7200))
+    os.utime(fresh, (now - 60, now - 60))
+    removed = store.prune(keep_per_conversation=None, max_age_s=None, max_total_bytes=None)
+    assert removed == [str(stale)]
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [fresh.name, other.name, Path(ref.uri).name]
+    )
 
 
 # --- pruning --------------------------------------------------------------------------------

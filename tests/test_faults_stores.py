@@ -2,7 +2,8 @@
 (tests/store_support.py): a worker SIGKILLed mid-summary loses nothing and leaves no partial
 transcript; an S3 store that goes away gives ``compaction.failed`` (``storage_unavailable``)
 with nothing published, and the next snapshot compacts once it is back; an S3 store that
-refuses the credentials is a storage failure naming the bucket, never the secret.
+refuses the credentials is a storage failure naming the bucket, never the secret; an S3 store
+that accepts connections and never answers fails a write within its documented bound.
 
 The file store's own faults (read-only, full, a directory removed or replaced) are in
 tests/test_faults_storage.py.
@@ -10,7 +11,12 @@ tests/test_faults_storage.py.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +43,7 @@ from store_support import (  # noqa: F401 - fixtures
 
 from worker.errors import StorageError
 from worker.events import CompactionEvent
+from worker.stores.s3 import MAX_ATTEMPTS, WRITE_BOUND_S, WRITE_DEADLINE_S
 from worker.testing.standin_llm import StandinLLM
 from worker.transcripts import open_store
 
@@ -147,3 +154,97 @@ def test_an_s3_store_that_refuses_the_credentials(tmp_path: Path, s3_environment
             store.close()
     finally:
         server.stop()
+
+
+# --- an S3 endpoint that hangs -------------------------------------------------------------
+
+OLD_HANG_S = 124.0  # what a hung store held a write for before the write had one deadline
+REPO_DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+class HungServer:
+    """A TCP server on loopback that accepts every connection, reads nothing and never
+    answers (a store whose process hangs): counts the connections it accepted."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # closed
+            while True:
+                self.accepted.append(self._listener.accept()[0])
+
+    def url(self, bucket: str) -> str:
+        return f"s3://{bucket}/transcripts?endpoint=http://127.0.0.1:{self.port}&region=us-east-1"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        self._listener.close()
+        self._thread.join(timeout=60)
+        for conn in self.accepted:
+            conn.close()
+
+
+@pytest.fixture
+def hung_s3(s3_environment: None) -> Iterator[HungServer]:
+    server = HungServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_the_documented_write_bound_is_far_below_the_old_hang() -> None:
+    doc = (REPO_DOCS / "transcripts.md").read_text()
+    assert f"within {WRITE_BOUND_S:.0f} s" in doc, "docs/transcripts.md states the bound"
+    assert f"{WRITE_DEADLINE_S:.0f} s after the write began" in doc
+    assert WRITE_BOUND_S * 1.5 < OLD_HANG_S / 2
+
+
+def test_a_hung_s3_store_fails_a_write_within_the_bound(hung_s3: HungServer) -> None:
+    """The write gives up with a StorageError naming the bucket and why, within the
+    documented bound (with a wide margin: the bound is made of socket timeouts), after at
+    most MAX_ATTEMPTS connections."""
+    store = open_store(hung_s3.url("compactor-hung"))
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageError) as failure:
+            store.write("c-hung", 1, "ab" * 16, b"{}")
+        elapsed = time.monotonic() - started
+    finally:
+        store.close()
+    assert elapsed < WRITE_BOUND_S * 1.5, f"the write took {elapsed:.0f} s"
+    message = str(failure.value)
+    assert "s3://compactor-hung" in message, message
+    assert f"within {WRITE_DEADLINE_S:.0f} s" in message and "ReadTimeoutError" in message
+    assert 1 <= len(hung_s3.accepted) <= MAX_ATTEMPTS
+
+
+def test_a_hung_s3_store_fails_the_compaction(make_cluster, hung_s3: HungServer) -> None:  # type: ignore[no-untyped-def]
+    """Through a real worker: ``compaction.failed`` with ``storage_unavailable`` (nothing
+    else published for the revision), well before the old 124 s."""
+    cluster = make_cluster(
+        {
+            "compaction": {"mode": "local_only"},
+            "transcripts": {"url": hung_s3.url("compactor-hung")},
+            # the task outlives the write's bound; its message is not redelivered meanwhile
+            "redis": {"visibility_timeout_s": 600},
+            "worker": {"summarize_time_limit_s": 300.0, "evaluate_time_limit_s": 300.0},
+        }
+    )
+    cluster.workers.start("w", queues=ALL_QUEUES, concurrency=2)
+    snap = tagged("c-s3-hung", 1)
+    started = time.monotonic()
+    cluster.client.submit(snap)
+    failed = cluster.wait_outcome("c-s3-hung", 1, timeout_s=OLD_HANG_S)
+    elapsed = time.monotonic() - started
+    assert failed.type == "compaction.failed", failed
+    assert failed.error is not None and failed.error.code == STORAGE_ERROR, failed.error
+    assert "s3://compactor-hung" in failed.error.message, failed.error.message
+    assert [e.type for e in cluster.events("c-s3-hung")] == ["compaction.failed"]
+    assert elapsed < WRITE_BOUND_S * 1.5 + 30, f"the compaction took {elapsed:.0f} s"

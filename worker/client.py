@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from worker import formats, keys
 from worker.config import CompactionConfig, Settings, load_settings
 from worker.errors import (
+    BrokerUnavailable,
     CompactorError,
     ConfigError,
     EventMismatch,
@@ -52,6 +53,7 @@ from worker.snapshots import decode_json, encode_json, media_rules
 from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, open_store
 
 __all__ = [
+    "BrokerUnavailable",
     "Client",
     "CompactorError",
     "ConfigError",
@@ -121,11 +123,24 @@ class Client:
 
     def submit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:
         """Enqueue a snapshot (a dict, or its JSON). Only the id and revision are checked here;
-        the worker validates the rest and answers a bad snapshot with ``compaction.rejected``."""
+        the worker validates the rest and answers a bad snapshot with ``compaction.rejected``.
+        Raises :class:`BrokerUnavailable` when the broker cannot take the task message (no
+        evaluation is left waiting for it: submit again once the broker is back)."""
         payload, conversation_id, revision = _claim(snapshot, self.settings)
         result = self.state.store_snapshot(conversation_id, revision, payload)
         if result.status == "queued":
-            self._sender.send(EVALUATE_TASK, [conversation_id, time.time()], queue=EVALUATE_QUEUE)
+            try:
+                self._sender.send(
+                    EVALUATE_TASK, [conversation_id, time.time()], queue=EVALUATE_QUEUE
+                )
+            except BaseException:
+                # No flag without its task: else every later submission would coalesce into
+                # the missing one until the reconciler ran (or the flag's TTL, without it).
+                # Should Redis be gone too, the flag stays and the reconciler queues the
+                # conversation (it is pending); the broker's error is the one to report.
+                with contextlib.suppress(RedisUnavailable):
+                    self.state.unqueue(conversation_id, revision)
+                raise
         return result
 
     async def asubmit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:

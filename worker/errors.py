@@ -153,3 +153,12 @@ class RedisUnavailable(TransientError):
     """Redis (broker, locks, events) cannot be reached now; the task is retried later."""
 
     code = "redis_unavailable"
+
+
+class BrokerUnavailable(RedisUnavailable):
+    """The broker (RabbitMQ, or the Redis that carries the task queues) cannot take a task
+    message now. A kind of :class:`RedisUnavailable` so that everything that already waits
+    out an unreachable Redis (a task's retries, the HTTP API's 503) treats it the same, under a
+    code that names the broker."""
+
+    code = "broker_unavailable"

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from worker.config import Settings, configured_broker_url, redis_url
-from worker.errors import ConfigError, RedisUnavailable
+from worker.errors import BrokerUnavailable, ConfigError
 from worker.redis_target import DEFAULT_REDIS_URL, is_shared_state_only
 
 __all__ = [
@@ -96,14 +96,18 @@ def broker_transport_options(url: str) -> dict[str, Any]:
 
 def broker_errors(connection: Any) -> tuple[type[BaseException], ...]:
     """What a kombu connection raises when the broker cannot be used: its connection errors,
-    MessageNacked (RabbitMQ refused a confirmed publish; "recoverable") and py-amqp's
-    AccessRefused (a refused login or vhost: a channel error to kombu)."""
+    MessageNacked (RabbitMQ refused a confirmed publish; "recoverable"), py-amqp's
+    AccessRefused (a refused login or vhost: a channel error to kombu) and kombu's
+    OperationalError (what ``ensure`` raises once its reconnect attempts are spent, the
+    transport's error as its cause)."""
     from amqp.exceptions import AccessRefused  # py-amqp: kombu's own dependency
+    from kombu.exceptions import OperationalError
 
     return (
         *connection.connection_errors,
         *connection.recoverable_connection_errors,
         AccessRefused,
+        OperationalError,
     )
 
 
@@ -120,10 +124,31 @@ def broker_connection(url: str) -> Any:
 def converted_broker_error(exc: BaseException, action: str) -> Exception:
     """A broker's connection error in the error tree: refused credentials are the
     configuration's fault (``broker.url``: the state's Redis refuses them before the broker is
-    asked, when both are one); anything else may pass."""
-    if type(exc).__name__ in ("AccessRefused", "NotAllowed", "AuthenticationError"):
+    asked, when both are one); anything else may pass. Kombu's OperationalError is judged by
+    the transport's error it wraps."""
+    from kombu.exceptions import OperationalError
+
+    cause = exc.__cause__ if isinstance(exc, OperationalError) else None
+    judged = cause or exc
+    refused = type(judged).__name__ in ("AccessRefused", "NotAllowed", "AuthenticationError")
+    if refused and not _limit_reached(judged):
         return ConfigError("broker.url", "the broker refused the credentials (user or vhost)")
-    return RedisUnavailable(f"broker unavailable while {action}: {type(exc).__name__}")
+    return BrokerUnavailable(f"the broker cannot be reached while {action}: {_describe(judged)}")
+
+
+def _limit_reached(exc: BaseException) -> bool:
+    """RabbitMQ refuses a connection over a vhost's or user's connection limit with the same
+    NOT_ALLOWED as an unknown vhost; only its text tells (a limit may free up: transient)."""
+    return "limit" in str(getattr(exc, "reply_text", ""))
+
+
+def _describe(exc: BaseException) -> str:
+    """The error's kind and its reason: the socket's, or RabbitMQ's reply (never the URL: it
+    may hold the password)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__} ({exc.strerror})"
+    reply = getattr(exc, "reply_text", "")
+    return f"{type(exc).__name__} ({reply})" if reply else type(exc).__name__
 
 
 def queue_lengths(url: str, queues: Iterable[str] = QUEUES) -> dict[str, int]:
@@ -177,7 +202,7 @@ def task_message(task: str, args: list[Any]) -> tuple[list[Any], dict[str, Any],
 class TaskSender:
     """Sends task messages to the broker over one kombu connection (thread-safe: a send holds
     a lock for the few hundred microseconds it takes). Connection errors become
-    :class:`RedisUnavailable`, after kombu's own reconnect attempts."""
+    :class:`BrokerUnavailable`, after kombu's own reconnect attempts."""
 
     def __init__(self, url: str, *, max_retries: int = 3) -> None:
         import kombu

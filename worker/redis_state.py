@@ -345,6 +345,16 @@ if redis.call('SET', KEYS[3], ARGV[2], 'NX', 'EX', ARGV[3]) then return {'queued
 return {'coalesced', rev}
 """
 
+# Undoes a 'queued' submit whose task message could not be sent, so that the next submission
+# queues afresh rather than coalescing into a task that does not exist. Only if the flag still
+# holds that revision: an evaluation may have taken it meanwhile (the reconciler's) and another
+# submission set it again. Should that one carry the same revision, it loses its flag while
+# its task exists, which costs at most one extra evaluation later: never a flag without a task.
+_UNQUEUE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 _PUBLISH = """
 if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return {'lease_lost', 0} end
 if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return {'duplicate', 0} end
@@ -444,6 +454,7 @@ class RedisState:
         self._renew = client.register_script(_RENEW)
         self._take = client.register_script(_TAKE)
         self._release = client.register_script(_RELEASE)
+        self._unqueue = client.register_script(_UNQUEUE)
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -469,6 +480,13 @@ class RedisState:
             if _text(status) != "superseded":
                 self.client.zadd(keys.PENDING, {conversation_id: now}, nx=True)
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
+
+    def unqueue(self, conversation_id: str, revision: int) -> bool:
+        """Clear the queued flag that ``store_snapshot`` set for ``revision`` (its task could
+        not be sent), if it is still that one; whether it was cleared."""
+        with redis_errors("clearing the queued flag"):
+            cleared = self._unqueue(keys=[keys.queued(conversation_id)], args=[revision])
+        return bool(cleared)
 
     def take_work(self, conversation_id: str, *, known_memo: str = "") -> Work:
         """In one round trip: clear the queued flag (later submissions enqueue afresh), and read

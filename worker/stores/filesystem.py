@@ -1,11 +1,14 @@
 """The file store (``file:///path``, the default): one directory per conversation.
 
-A transcript is written to a temporary file created exclusively (mode 0600), fsynced, then
-hard-linked into place, which is create-only (a second writer of the same name finds it there
-and, when the bytes are the same, treats the write as done), then the directory is fsynced. A
-reader therefore sees a transcript whole or not at all. Paths are built only from validated
-conversation ids and names. A writer killed mid-write leaves a ``.tmp-`` file, which the
-scheduled prune sweeps after an hour.
+A transcript is written to a file that has no name yet (Linux's ``O_TMPFILE``, mode 0600),
+fsynced, then hard-linked into place, which is create-only (a second writer of the same name
+finds it there and, when the bytes are the same, treats the write as done), then the directory
+is fsynced. A reader therefore sees a transcript whole or not at all, and a writer stopped at
+any point (an exception, a kill) leaves nothing behind: the kernel frees a file without a name.
+Where the file system has no ``O_TMPFILE`` (some network file systems), the file is a named
+``.tmp-`` one instead, removed on every exception; only a writer killed mid-write leaves it,
+and the scheduled prune sweeps those after an hour. Paths are built only from validated
+conversation ids and names.
 
 Several hosts can share this store only through a POSIX shared volume; the object and
 PostgreSQL stores need none.
@@ -14,6 +17,7 @@ PostgreSQL stores need none.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -35,7 +39,13 @@ __all__ = ["FileStore"]
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-STALE_TEMPORARY_S = 3600  # a writer killed mid-write leaves its temporary file behind
+STALE_TEMPORARY_S = 3600  # a writer killed mid-write leaves its named temporary file behind
+TEMPORARY_PREFIX = ".tmp-"
+# A file without a name is linked into place through /proc (linkat(2) of an fd needs a
+# privilege otherwise); without either, named temporary files.
+UNNAMED_FILES = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+# What open(O_TMPFILE) fails with where the file system (or kernel) does not have it.
+_NO_TMPFILE = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL}
 
 
 class FileStore(TranscriptStore):
@@ -61,7 +71,7 @@ class FileStore(TranscriptStore):
         path = self.path_of(key)
         try:
             _make_dirs(path.parent, self.root)
-            _create_durably(path, payload, digest)
+            _create_durably(path.parent, key.name, payload, digest)
         except OSError as exc:
             raise StorageError(
                 f"cannot write transcript under {self.root}: {_reason(exc)}"
@@ -102,7 +112,7 @@ class FileStore(TranscriptStore):
         stale = []
         for directory in _subdirs(self.root):
             for entry in _entries(directory):
-                if entry.name.startswith(".tmp-"):
+                if entry.name.startswith(TEMPORARY_PREFIX):
                     with contextlib.suppress(FileNotFoundError):
                         if now - entry.stat().st_mtime > STALE_TEMPORARY_S:
                             stale.append(Path(entry.path))
@@ -117,22 +127,59 @@ def _make_dirs(directory: Path, root: Path) -> None:
             d.mkdir(mode=DIR_MODE, exist_ok=False, parents=d is root)
 
 
-def _create_durably(path: Path, payload: bytes, digest: str) -> None:
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+def _create_durably(directory: Path, name: str, payload: bytes, digest: str) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
         try:
-            os.link(tmp, path)  # create-only: never replaces an existing transcript
-        except FileExistsError:
-            if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-                raise TranscriptConflict.of(path.name) from None
+            if not (UNNAMED_FILES and _link_unnamed(dir_fd, name, payload)):
+                _link_named(dir_fd, name, payload)
+        except FileExistsError:  # create-only: never replaces an existing transcript
+            if hashlib.sha256((directory / name).read_bytes()).hexdigest() != digest:
+                raise TranscriptConflict.of(name) from None
+        os.fsync(dir_fd)
     finally:
-        _remove(tmp)
-    _fsync_dir(path.parent)
+        os.close(dir_fd)
+
+
+def _link_unnamed(dir_fd: int, name: str, payload: bytes) -> bool:
+    """Write ``payload`` to a file without a name, then give it ``name`` (create-only);
+    False, having done nothing, where the file system has no such files."""
+    try:
+        fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, FILE_MODE, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _NO_TMPFILE:
+            return False
+        raise
+    try:
+        _write_durably(fd, payload)
+        # A directory fd makes CPython call linkat(2), which follows the /proc link to the
+        # file (link(2) would try to link the symbolic link itself).
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _link_named(dir_fd: int, name: str, payload: bytes) -> None:
+    """As :func:`_link_unnamed`, through a named temporary file, removed whatever happens."""
+    tmp = f"{TEMPORARY_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE, dir_fd=dir_fd)
+        try:
+            _write_durably(fd, payload)
+        finally:
+            os.close(fd)
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+
+
+def _write_durably(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.fsync(fd)
 
 
 def _fsync_dir(directory: Path) -> None:

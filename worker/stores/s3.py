@@ -31,9 +31,12 @@ private session, is shared by the HTTP server's threads.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,10 +68,15 @@ __all__ = ["S3Store"]
 
 SHA256_METADATA = "sha256"
 # Bounded: a store that does not answer fails the write (storage_unavailable, retried later)
-# within seconds instead of holding a worker for botocore's defaults (60 s reads, 5 attempts).
+# instead of holding a summarize thread for botocore's defaults (60 s reads, 5 attempts).
 CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 30.0
-MAX_ATTEMPTS = 3
+READ_TIMEOUT_S = 10.0  # between two reads of the answer, not for the whole request
+MAX_ATTEMPTS = 3  # per request, the first included (botocore's total_max_attempts)
+# One deadline for a whole write (every request it makes, every retry): no attempt starts
+# later than this after the write began, so a write ends within WRITE_BOUND_S however the
+# store fails to answer (docs/transcripts.md).
+WRITE_DEADLINE_S = 20.0
+WRITE_BOUND_S = WRITE_DEADLINE_S + CONNECT_TIMEOUT_S + READ_TIMEOUT_S
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _PRECONDITION_FAILED = {"PreconditionFailed", "412"}
 # AWS answers 409 to a conditional write racing another one on the same key: try again.
@@ -128,11 +136,48 @@ class S3Location:
         return f"{self.prefix}/" if self.prefix else ""
 
 
+class _Deadline:
+    """A per-thread deadline for the requests a client sends (its clients are shared by
+    threads). Called by botocore before every attempt: once the deadline has passed it raises
+    :class:`_OutOfTime`, which botocore does not retry, instead of sending."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def within(self, seconds: float) -> Iterator[None]:
+        self._local.at = time.monotonic() + seconds
+        self._local.last = "no attempt"
+        try:
+            yield
+        finally:
+            self._local.at = None
+
+    def before_attempt(self, **_: Any) -> None:
+        at = getattr(self._local, "at", None)
+        if at is not None and time.monotonic() > at:
+            raise _OutOfTime(self._local.last)
+
+    def after_attempt(self, exception: Exception | None = None, **kwargs: Any) -> None:
+        """Remember how the last attempt ended, for the message should the deadline pass."""
+        error = (kwargs.get("parsed_response") or {}).get("Error", {}).get("Code")
+        if exception is not None or error:
+            self._local.last = type(exception).__name__ if exception is not None else error
+
+
+class _OutOfTime(Exception):
+    """A write's deadline passed before its next attempt (the reason: the last attempt's)."""
+
+
 class S3Store(TranscriptStore):
     def __init__(self, location: S3Location, client: S3Client | None = None) -> None:
         self.location = location
         self.display = f"s3://{location.bucket}/{location.prefix}"
         self.client = client if client is not None else _client(location)
+        self._deadline = _Deadline()
+        events = self.client.meta.events
+        events.register("before-send.s3", self._deadline.before_attempt)
+        events.register("response-received.s3", self._deadline.after_attempt)
 
     @classmethod
     def from_url(cls, url: str) -> S3Store:
@@ -147,6 +192,16 @@ class S3Store(TranscriptStore):
     # --- primitives --------------------------------------------------------------------------
 
     def create(self, key: TranscriptKey, payload: bytes, digest: str) -> str:
+        try:
+            with self._deadline.within(WRITE_DEADLINE_S):
+                return self._create(key, payload, digest)
+        except _OutOfTime as exc:
+            raise StorageError(
+                f"cannot write transcript {key} to s3://{self.location.bucket}: no attempt "
+                f"succeeded within {WRITE_DEADLINE_S:.0f} s (the last: {exc})"
+            ) from None
+
+    def _create(self, key: TranscriptKey, payload: bytes, digest: str) -> str:
         for _ in range(_CONFLICT_ATTEMPTS):
             try:
                 self.client.put_object(
@@ -271,7 +326,7 @@ def _client(location: S3Location) -> S3Client:
     config = Config(
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
-        retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+        retries={"total_max_attempts": MAX_ATTEMPTS, "mode": "standard"},
     )
     try:
         session = boto3.session.Session()  # one per store: sessions are not thread-safe
