@@ -1,7 +1,7 @@
 """What ``compactor compact`` costs as a conversation grows: CPU and wall seconds of the real CLI.
 
     .venv/bin/python bench/scaling_compact_bench.py [--before DIR] [--sizes 1000,10000,50000]
-        [--corpus N] [--repeat K]
+        [--corpus N] [--repeat K] [--save DIR]
 
 Each run is a fresh ``python -m worker compact SNAPSHOT`` process, reaped with ``wait4`` for its
 own CPU seconds (user + system: what the work costs whatever else the machine runs; wall time
@@ -10,6 +10,9 @@ writes them (:func:`short_messages`: user turns, some repeated, assistant replie
 a coding agent and their results), of each size in ``--sizes``, and the first ``--corpus``
 conversations of the shared corpus (bench/corpus.py), each given a window small enough to
 trigger (as bench/corpus_compact_bench.py does), summed in one row.
+
+``--save DIR`` only writes the generated snapshots there (``scaling-N.json``), to profile one
+(``python -m cProfile -m worker compact DIR/scaling-50000.json``).
 
 With ``--before DIR`` (an older tree, e.g. ``git archive REV | tar -x -C DIR``) every snapshot is
 also compacted by that code (``PYTHONPATH=DIR``) with the same interpreter and packages, side by
@@ -71,9 +74,9 @@ def _tool_step(rnd: random.Random, step: int, files: int) -> tuple[str, str]:
 
 def short_messages(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """``n`` short messages (OpenAI wire format) of a coding agent's session: a system prompt and
-    a task, then user turns (one in ten; half of them the same few words again), assistant
-    replies, and tool calls with their results. The files worked on grow with the conversation
-    (one per eight messages), so its must-keep facts do too."""
+    a task, then user turns (about one message in twelve; two thirds of them the same few words
+    again), assistant replies, and bash calls with their results. The files worked on grow with
+    the conversation (one per eight messages), so its must-keep facts do too."""
     rnd = random.Random(seed)
     files = max(n // 8, 50)
     messages: list[dict[str, Any]] = [
@@ -239,13 +242,20 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,10000,50000")
     parser.add_argument("--corpus", type=int, default=100, help="corpus conversations (0: none)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each, the least CPU kept")
+    parser.add_argument("--save", type=Path, help="only write the generated snapshots here")
     args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        for n in sizes:
+            (args.save / f"scaling-{n}.json").write_text(json.dumps(scaling_snapshot(n)))
+        return 0
     trees = {"before": args.before.resolve()} if args.before else {}
     trees["after"] = ROOT
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="scaling-bench-") as tmp:
         work = Path(tmp)
-        for n in (int(s) for s in args.sizes.split(",")):
+        for n in sizes:
             runs = measure(trees, [scaling_snapshot(n)], work, args.repeat)
             rows.append(Row(f"{n:,} short messages", n, runs))
             print(f"measured {n} short messages", file=sys.stderr, flush=True)
