@@ -12,16 +12,19 @@ from typing import Any
 
 import pytest
 from histories import snapshot
+from hypothesis import given
+from hypothesis import strategies as st
 
+from worker import fidelity
 from worker.config import Settings
 from worker.events import CompletedEvent, Summary
-from worker.fidelity import KINDS, carried_text, extract_must_keep, missing_facts
+from worker.fidelity import KINDS, Fact, carried_text, ensure, extract_must_keep, missing_facts
 from worker.formats import to_messages
 from worker.pipeline import Adapters, Pipeline
 from worker.snapshots import parse_snapshot
 from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
-from worker.tokens import count_tokens
+from worker.tokens import count_tokens, encoding_name_for_model, get_encoding
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from corpus import conversations, corpus_dir
@@ -210,3 +213,92 @@ def test_a_summary_filling_the_bound_is_cut_to_make_room_for_the_most_important_
     assert summary.truncated and summary.text.startswith(SUMMARY_MARKER)
     assert "## Kept facts\n- task: Make the parser accept trailing commas" in summary.text
     assert summary.fidelity.repaired > 0 and "task" not in summary.fidelity.dropped
+
+
+# --- the repair's cost: one pass over the facts, not a recount of the section per fact ---------
+
+# Lines as facts state them, and worse: line breaks (before "/", "\r", blank lines), runs of
+# punctuation, digits, spaces and tabs, non-ASCII: every junction the tokenizer treats specially.
+_LINE_PIECES = ["word", " ", "\t", "\n", "\r", "/", "//x", "-", "`", ")", "...", "12", "3.5",
+                "'s", "é", "🙂", "\n\n", "  \n", ":", "#", "src/a.py"]  # fmt: skip
+lines = st.lists(st.sampled_from(_LINE_PIECES), min_size=1, max_size=12).map("".join)
+
+
+def _fact(k: int, line: str, kind: str = "identifier") -> Fact:
+    return Fact(kind, (f"probe-{k}",), line, (f"m{k}",))
+
+
+def _fitting_by_recounting(
+    body: str, missing: list[Fact], limit: int, model: str
+) -> tuple[str, list[Fact]]:
+    """The repair's specification: each fact in order is added when the whole text, counted
+    again with its line, stays within ``limit``."""
+    taken: list[Fact] = []
+    for fact in missing:
+        candidate = fidelity._with_facts(body, [f.line for f in [*taken, fact]])
+        if count_tokens(candidate, model) <= limit:
+            taken.append(fact)
+    text = fidelity._with_facts(body, [f.line for f in taken]) if taken else body
+    return text, taken
+
+
+@given(
+    body=lines,
+    missing=st.lists(lines, min_size=1, max_size=12),
+    room=st.integers(-2, 60),
+    model=st.sampled_from(["gpt-4.1", "gpt-4"]),
+)
+def test_the_section_counted_a_line_at_a_time_is_the_exact_count(
+    body: str, missing: list[str], room: int, model: str
+) -> None:
+    facts = [_fact(k, line) for k, line in enumerate(missing)]
+    body = f"{SUMMARY_MARKER}\n{body}"
+    limit = count_tokens(body, model) + room
+    text, added = fidelity._append_fitting(body, facts, limit, model)
+    assert (text, added) == _fitting_by_recounting(body, facts, limit, model)
+    assert not added or count_tokens(text, model) <= limit
+
+
+def _tokenized_chars(monkeypatch: pytest.MonkeyPatch, model: str) -> list[int]:
+    """The length of every text handed to tiktoken for ``model`` from now on."""
+    encoding = get_encoding(encoding_name_for_model(model))
+    encode = encoding.encode_ordinary
+    sizes: list[int] = []
+
+    def spy(text: str) -> list[int]:
+        sizes.append(len(text))
+        return encode(text)
+
+    monkeypatch.setattr(encoding, "encode_ordinary", spy)
+    return sizes
+
+
+def _repair_cost(n: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Characters tokenized to repair a summary that lacks all of ``n`` facts, every one of
+    which fits the (generous) bound."""
+    facts = [_fact(k, f"id `{k:08x}-{k}` used by the call of step {k}") for k in range(n)]
+    summary = Summary(text=f"{SUMMARY_MARKER}\nThe agent worked.", tokens=8, source="llm")
+    with monkeypatch.context() as patch:
+        sizes = _tokenized_chars(patch, "gpt-4.1")
+        repaired = ensure(summary, facts, "", limit=10**7, model="gpt-4.1")
+    assert repaired.fidelity is not None and repaired.fidelity.repaired == n
+    assert repaired.tokens == count_tokens(repaired.text, "gpt-4.1") <= 10**7
+    return sum(sizes)
+
+
+def test_the_repair_is_linear_in_facts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Recounting the growing section once per fact tokenized ~n²/2 lines: 100 times more
+    # text for ten times the facts. A line at a time it is ten times (plus the final count).
+    small, large = _repair_cost(1_000, monkeypatch), _repair_cost(10_000, monkeypatch)
+    assert large <= 15 * small, (small, large)
+
+
+def test_a_fact_said_again_and_again_is_one_fact_with_every_source() -> None:
+    raw = [{"id": "u0", "role": "user", "content": "Fix the parser."}]
+    for k in range(1, 3001):
+        raw.append({"id": f"a{k}", "role": "assistant", "content": f"step {k}"})
+        raw.append({"id": f"u{k}", "role": "user", "content": "continue"})
+    facts = extract_must_keep(to_messages("openai", raw), [])
+    instructions = [f for f in facts if f.kind == "instruction"]
+    assert [(f.probes, f.line) for f in instructions] == [(("continue",), "instruction: continue")]
+    assert instructions[0].sources == tuple(f"u{k}" for k in range(1, 3001))

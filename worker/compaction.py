@@ -233,36 +233,69 @@ def fit_carried(
     """Give up carried items until they fit ``budget_tokens``: delegation results first
     (oldest first), then user turns (oldest first, the newest always stays, cut if it must).
     What is given up goes to the summary input instead, in conversation order."""
-    while carried_tokens(plan, count) > budget_tokens and plan.delegation_calls:
-        _demote_delegation(plan, plan.delegation_calls.pop(0))
-    while carried_tokens(plan, count) > budget_tokens and len(plan.user_ids) > 1:
-        _demote_message(plan, plan.user_ids.pop(0))
-    over = carried_tokens(plan, count) - budget_tokens
+    carried = _Carried(plan.carried, count)
+    while carried.total > budget_tokens and plan.delegation_calls:
+        _demote_delegation(plan, carried, plan.delegation_calls.pop(0))
+    while carried.total > budget_tokens and len(plan.user_ids) > 1:
+        _demote_message(plan, carried, plan.user_ids.pop(0))
+    plan.carried = carried.messages()
+    over = carried.total - budget_tokens
     if over > 0 and plan.user_ids:
         _cut_user_turn(plan, plan.user_ids[-1], over, count)
     plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
 
 
-def _demote_delegation(plan: RangePlan, call_id: str) -> None:
-    kept: list[Message] = []
-    for m in plan.carried:
+class _Carried:
+    """The carried messages while items are given up one at a time: each message counted once
+    and the total kept current, each message and call found by id, so that giving up every
+    carried item costs time linear in them (not a recount and a scan per item)."""
+
+    def __init__(self, messages: list[Message], count: TokenCount) -> None:
+        self._count = count
+        self.slots: list[Message | None] = list(messages)
+        self.sizes = [count(m) for m in messages]
+        self.total = sum(self.sizes)
+        self.by_id: dict[str, list[int]] = {}
+        self.by_call: dict[str, list[int]] = {}  # the call's message and its result's
+        for k, m in enumerate(messages):
+            self.by_id.setdefault(m.id, []).append(k)
+            ids = [m.tool_call_id] if m.role == "tool" and m.tool_call_id is not None else []
+            for call_id in dict.fromkeys([*ids, *(c.id for c in m.tool_calls)]):
+                self.by_call.setdefault(call_id, []).append(k)
+
+    def replace(self, k: int, m: Message | None) -> None:
+        """Slot ``k`` now holds ``m`` (None: given up)."""
+        self.total -= self.sizes[k]
+        self.slots[k] = m
+        self.sizes[k] = 0 if m is None else self._count(m)
+        self.total += self.sizes[k]
+
+    def messages(self) -> list[Message]:
+        return [m for m in self.slots if m is not None]
+
+
+def _demote_delegation(plan: RangePlan, carried: _Carried, call_id: str) -> None:
+    for k in carried.by_call.get(call_id, ()):
+        m = carried.slots[k]
+        if m is None:
+            continue
         if m.role == "tool" and m.tool_call_id == call_id:
             plan.to_summarize.append(m)
+            carried.replace(k, None)
             continue
-        calls = [c for c in m.tool_calls if c.id == call_id]
+        calls = tuple(c for c in m.tool_calls if c.id == call_id)
         if calls:
-            plan.to_summarize.append(m.model_copy(update={"tool_calls": tuple(calls)}))
+            plan.to_summarize.append(m.model_copy(update={"tool_calls": calls}))
             rest = tuple(c for c in m.tool_calls if c.id != call_id)
-            if not rest:
-                continue
-            m = m.model_copy(update={"tool_calls": rest})
-        kept.append(m)
-    plan.carried = kept
+            carried.replace(k, m.model_copy(update={"tool_calls": rest}) if rest else None)
 
 
-def _demote_message(plan: RangePlan, message_id: str) -> None:
-    plan.to_summarize.extend(m for m in plan.carried if m.id == message_id)
-    plan.carried = [m for m in plan.carried if m.id != message_id]
+def _demote_message(plan: RangePlan, carried: _Carried, message_id: str) -> None:
+    for k in carried.by_id.get(message_id, ()):
+        m = carried.slots[k]
+        if m is not None:
+            plan.to_summarize.append(m)
+            carried.replace(k, None)
 
 
 def _cut_user_turn(plan: RangePlan, message_id: str, over: int, count: TokenCount) -> None:

@@ -115,7 +115,9 @@ def extract_must_keep(
     """The must-keep facts of a range, most important kind first: ``messages`` are the ones
     summarized, ``carried`` the ones the replacement keeps (both oldest first)."""
     facts: list[Fact] = []
-    seen: dict[tuple[str, tuple[str, ...]], int] = {}  # -> its place in facts
+    # The same fact again (a user repeating "continue") only adds its sources: kept as an
+    # ordered set per fact until the end, so that a fact said n times costs n, not n².
+    seen: dict[tuple[str, tuple[str, ...]], dict[str, None]] = {}
 
     def add(kind: str, probes: list[str], line: str, sources: Sequence[str]) -> None:
         clean = tuple(p for p in probes if p)
@@ -123,11 +125,10 @@ def extract_must_keep(
             return
         known = seen.get((kind, clean))
         if known is None:
-            seen[(kind, clean)] = len(facts)
-            facts.append(Fact(kind, clean, line, tuple(dict.fromkeys(sources))))
-        elif not set(sources) <= set(facts[known].sources):  # the same fact again: one more source
-            more = tuple(dict.fromkeys([*facts[known].sources, *sources]))
-            facts[known] = replace(facts[known], sources=more)
+            seen[(kind, clean)] = dict.fromkeys(sources)
+            facts.append(Fact(kind, clean, line))
+        else:
+            known.update(dict.fromkeys(sources))
 
     summarized = messages
     messages = sorted([*messages, *carried], key=lambda m: m.source_index) if carried else messages
@@ -198,6 +199,7 @@ def extract_must_keep(
     for identifier in list(identifiers)[-MAX_IDENTIFIERS:]:
         add("identifier", [identifier], f"id `{identifier}`", identifiers[identifier])
 
+    facts = [replace(f, sources=tuple(seen[(f.kind, f.probes)])) for f in facts]
     facts.sort(key=lambda f: f.rank)  # stable: in order of the conversation within a kind
     return facts
 
@@ -275,15 +277,30 @@ def _with_facts(body: str, lines: list[str]) -> str:
 def _append_fitting(
     body: str, missing: list[Fact], limit: int, model: str | None
 ) -> tuple[str, list[Fact]]:
-    """``body`` with as many of ``missing`` (in order) as fit in ``limit`` tokens."""
+    """``body`` with as many of ``missing`` (in order) as fit in ``limit`` tokens: each fact
+    whose line, after the lines taken before it, keeps the whole text within the bound.
+
+    Counted a line at a time, not the whole text once per fact: every line starts with "- "
+    right after a line break, a junction where tiktoken always splits
+    (:func:`worker.compress.tally.is_split_point`), so the text's tokens are exactly those of
+    the body with the heading plus those of each line (with its line break when another
+    follows)."""
+    used = count_tokens(_with_facts(body, []), model)
     lines: list[str] = []
     added: list[Fact] = []
     for fact in missing:
-        candidate = _with_facts(body, [*lines, fact.line])
-        if count_tokens(candidate, model) <= limit:
+        item = f"- {fact.line}"
+        if used + count_tokens(item, model) <= limit:  # as the last line: no break after it
             lines.append(fact.line)
             added.append(fact)
+            used += count_tokens(item + "\n", model)
     return (_with_facts(body, lines) if lines else body), added
+
+
+def _left_out(missing: list[Fact], added: list[Fact]) -> list[Fact]:
+    """The facts of ``missing`` the repair did not add."""
+    taken = set(added)
+    return [f for f in missing if f not in taken]
 
 
 def _standing(facts: list[Fact], lost: list[Fact]) -> tuple[int, ...]:
@@ -321,11 +338,11 @@ def ensure(
                 body = body.rstrip() + "\n…"
                 again = missing_facts(facts, body, carried)
                 candidate, more = _append_fitting(body, again, limit, model)
-                before = _standing(facts, [f for f in missing if f not in added])
-                if _standing(facts, [f for f in again if f not in more]) > before:
+                before = _standing(facts, _left_out(missing, added))
+                if _standing(facts, _left_out(again, more)) > before:
                     text, missing, added, truncated = candidate, again, more, True
                     kept = len(facts) - len(again)
-    dropped = Counter(f.kind for f in missing if f not in added)
+    dropped = Counter(f.kind for f in _left_out(missing, added))
     fidelity = Fidelity(
         checked=len(facts),
         kept=kept,
