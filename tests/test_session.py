@@ -328,13 +328,13 @@ def test_extend_and_request_return_while_redis_is_down(tmp_path: Path) -> None:
             session.request_messages()
             took.append(time.perf_counter() - started)
         assert max(took) < 5.0, took
-        wait_until(lambda: session.status.submit_failures > 0, 60)
+        hung.close()  # now down: the sender's attempts are refused at once
+        wait_until(lambda: session.status.submit_failures > 0, 120)
         status = session.status
         assert status.pending_submits == len(turns) - 1
         assert status.retrying and status.last_error and "redis" in status.last_error
         assert status.last_submitted_revision == 0
 
-        hung.close()
         restarted = EmbeddedRedis(directory=tmp_path / "redis", port=server.port)
         restarted.start()
         try:
