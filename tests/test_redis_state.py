@@ -178,3 +178,32 @@ def test_reconcile_leaves_live_leases_alone_and_requeues_each_conversation_once_
     client.zadd("cw:pending", {"c-busy": long_ago})
     assert svc.reconcile() == ["c-busy"]
     assert queued == ["c-dead", "c-busy"]
+
+
+def test_a_follower_whose_cancellation_was_swallowed_stops_at_the_next_slice() -> None:
+    """A cancellation that lands inside redis-py's read can be swallowed there (its
+    asyncio.timeout, Python 3.11, under load): the task stays cancelling but reads on. The
+    blocking loop honours it between slices, so a cancelled follower always ends."""
+    import asyncio
+
+    from worker.redis_state import await_entries
+
+    reads = 0
+
+    async def swallowing_read(block: int) -> None:
+        nonlocal reads
+        reads += 1
+        try:
+            await asyncio.sleep(block / 1000)
+        except asyncio.CancelledError:
+            pass  # what the swallowing read does: the task is still "cancelling"
+
+    async def scenario() -> None:
+        task = asyncio.create_task(await_entries(swallowing_read, 0))  # 0: without end
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=60)
+
+    asyncio.run(scenario())
+    assert reads == 1

@@ -9,6 +9,7 @@ step, so a worker that lost its lease can never publish.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -290,10 +291,15 @@ async def await_entries(read: Callable[[int], Awaitable[Any]], block_ms: int) ->
 
     The caller's stream ids must be fixed ones (or ``>``), never ``$``: each slice would take
     ``$`` afresh and miss what arrived in between (:func:`anewest_id` fixes it)."""
+    task = asyncio.current_task()
     for block in block_slices(block_ms):
         reply = await read(block)
         if reply:
             return reply
+        if task is not None and task.cancelling():
+            # A cancellation that landed inside redis-py's read (its own asyncio.timeout) can
+            # be swallowed there (seen on Python 3.11 under load): honour it between slices.
+            raise asyncio.CancelledError
     return None
 
 

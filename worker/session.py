@@ -906,6 +906,14 @@ class AsyncCompactingSession(_Core):
             await asyncio.sleep(0.01)
         for task in self._tasks:
             task.cancel()
+        pending = set(self._tasks)
+        while pending:
+            # A cancellation that lands while redis-py's read is inside its own asyncio.timeout
+            # can be lost (seen on Python 3.11 under load: the follower went on reading): ask
+            # again until the tasks are done.
+            _done, pending = await asyncio.wait(pending, timeout=1.0)
+            for task in pending:
+                task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
