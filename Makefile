@@ -39,7 +39,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 schemas: $(STAMP)
-	$(PY) -m worker.schemas
+	$(PY) -m worker.wire.schemas
 
 clean:
 	rm -rf $(VENV) transcripts .pytest_cache .mypy_cache .ruff_cache

@@ -24,14 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import ROOT, conversations
 
 from worker.config import Settings
-from worker.events import CompletedEvent
-from worker.fidelity import carried_text, extract_must_keep, missing_facts
-from worker.files import call_file_uses
-from worker.formats import to_messages
+from worker.core.fidelity import carried_text, extract_must_keep, missing_facts
+from worker.core.files import call_file_uses
 from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
 from worker.reuse import Reuse
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompletedEvent
+from worker.wire.formats import to_messages
+from worker.wire.snapshots import parse_snapshot
 
 MIN_THRESHOLD = 4000
 
@@ -44,7 +44,7 @@ def with_small_window(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 
 def compacted_paths(messages: list[dict[str, Any]], start: int, end: int) -> set[str]:
-    """The files the compacted calls used (``worker.files``: what the digest lists)."""
+    """The files the compacted calls used (``worker.core.files``: what the digest lists)."""
     outputs = {
         m.get("tool_call_id"): m.get("content") or "" for m in messages if m["role"] == "tool"
     }

@@ -1,7 +1,7 @@
 """Precision and recall of the digest's "Files touched" on the shared corpus.
 
 The reference is derived from each conversation's own tool calls and outputs, by code written
-separately from ``worker.files`` (nothing here imports the digest's extraction):
+separately from ``worker.core.files`` (nothing here imports the digest's extraction):
 
 * **existence evidence** (whole conversation): every path a tool output shows: lines that are
   one path (``ls``, ``find``, ``grep -l``), ``ls DIR`` entries joined to ``DIR``, ``ls -R`` headers
@@ -39,10 +39,10 @@ from corpus import conversations
 from corpus_compact_bench import with_small_window
 
 from worker.config import Settings
-from worker.events import CompletedEvent
 from worker.pipeline import Adapters, Pipeline
 from worker.reuse import Reuse
-from worker.stores.filesystem import FileStore
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompletedEvent
 
 PATHY = re.compile(r"^[\w@%+,.~/\-]+$")
 EXT = re.compile(r"\.[A-Za-z][A-Za-z0-9_]{0,9}$")
@@ -374,7 +374,7 @@ def digest_files(summary: str) -> set[str]:
 
 def baseline_files(messages: list[dict[str, Any]], start: int, end: int) -> set[str]:
     """What the digest listed before issue 14: ``extract_paths`` over every argument string."""
-    from worker.facts import argument_strings, extract_paths
+    from worker.core.facts import argument_strings, extract_paths
 
     return {
         norm(p)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from worker.stores import filesystem
-from worker.stores.filesystem import FileStore
+from worker.transcripts import filesystem
+from worker.transcripts.filesystem import FileStore
 
 
 def main() -> None:

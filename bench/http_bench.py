@@ -45,11 +45,11 @@ from typing import Any
 
 import httpx
 
+from worker.backend.embedded import EmbeddedRedis
+from worker.backend.redis_state import RedisState, connect
 from worker.client import Client
 from worker.config import load_settings, with_redis_url
-from worker.embedded import EmbeddedRedis
-from worker.events import skipped_event
-from worker.redis_state import RedisState, connect
+from worker.wire.events import skipped_event
 
 KEY = "bench-key-0123456789abcdef"
 TENANT = "bench"

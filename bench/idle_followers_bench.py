@@ -29,9 +29,9 @@ import httpx
 import redis
 from http_bench import KEY, TENANT, processes, raise_nofile
 
+from worker.backend.redis_state import RedisState, connect
 from worker.config import RedisConfig
-from worker.events import skipped_event
-from worker.redis_state import RedisState, connect
+from worker.wire.events import skipped_event
 
 
 async def follower(host: str, port: int, conversation_id: str, seen: dict[str, int]) -> None:

@@ -36,8 +36,8 @@ from fault_support import (  # noqa: E402
 )
 from service_support import ensure_rabbitmq, rabbitmqctl  # noqa: E402
 
-from worker.cli_service import celery_command  # noqa: E402
 from worker.config import RedisConfig, WorkerConfig  # noqa: E402
+from worker.runtime.supervisor import celery_command  # noqa: E402
 from worker.testing.standin_llm import StandinLLM  # noqa: E402
 
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import httpx
 
 from worker.config import LLMConfig
-from worker.models import Message, ToolCall
 from worker.summarize import SummaryRequest
 from worker.summarize.llm import LLMSummarizer
 from worker.tokens import count_tokens
+from worker.wire.models import Message, ToolCall
 
 
 @dataclass

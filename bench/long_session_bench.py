@@ -37,12 +37,12 @@ from typing import Any
 import httpx
 import openai
 
-from worker import formats
-from worker.composed import ComposedCompaction, apply_composed, chain_digest
-from worker.embedded import EmbeddedRedis
-from worker.projection import count_request_tokens
+from worker.backend.embedded import EmbeddedRedis
+from worker.core.projection import count_request_tokens
 from worker.testing.standin_llm import StandinLLM
 from worker.tokens import tokenizer_for
+from worker.wire import formats
+from worker.wire.composed import ComposedCompaction, apply_composed, chain_digest
 
 AGENT_KEY = "sk-bench-agent-key-0123456789"
 API_KEY = "bench-compactor-key-0123456789"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from worker.celery_app import PromptEventLoop, celery_config
 from worker.config import load_settings
+from worker.runtime.celery_app import PromptEventLoop, celery_config
 
 app = Celery("noop", set_as_current=False)
 app.conf.update(celery_config(load_settings()))

@@ -23,8 +23,8 @@ import worker
 from worker.config import Settings
 from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
 from worker.reuse import Reuse
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
+from worker.transcripts.filesystem import FileStore
+from worker.wire.snapshots import parse_snapshot
 
 MIN_THRESHOLD = 4000
 
@@ -39,7 +39,7 @@ def with_small_window(snapshot: dict[str, Any]) -> dict[str, Any]:
 
 def _clear_parse_cache() -> None:
     try:
-        import worker.files as files
+        import worker.core.files as files
     except ImportError:  # a tree before issue 14
         return
     files._parse_cached.cache_clear()  # a first evaluation: no command parsed before

@@ -35,13 +35,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import redis  # noqa: E402
 
-from worker import keys  # noqa: E402
-from worker.celery_app import make_app  # noqa: E402
+from worker.backend import keys  # noqa: E402
+from worker.backend.embedded import EmbeddedRedis  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.config import Settings, load_settings, with_broker_url, with_redis_url  # noqa: E402
-from worker.embedded import EmbeddedRedis  # noqa: E402
-from worker.snapshots import parse_snapshot  # noqa: E402
+from worker.runtime.celery_app import make_app  # noqa: E402
 from worker.tokens import TiktokenTokenizer  # noqa: E402
+from worker.wire.snapshots import parse_snapshot  # noqa: E402
 
 
 def snapshot(conversation_id: str, n_messages: int, *, revision: int = 1) -> dict[str, Any]:
@@ -140,7 +140,7 @@ class QueueWatch:
         self.lists = [k for k in r.scan_iter(match=f"{queue}*", count=1000) if r.type(k) == b"list"]
         self.connection: Any = None
         if broker is not None:
-            from worker.queues import broker_connection
+            from worker.backend.queues import broker_connection
 
             self.connection = broker_connection(broker)
             self.channel = self.connection.channel()

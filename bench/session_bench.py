@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from corpus import corpus_dir  # noqa: E402
 
-from worker.celery_app import make_app  # noqa: E402
-from worker.cli_service import celery_command  # noqa: E402
+from worker.backend.embedded import EmbeddedRedis  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.config import load_settings, with_redis_url  # noqa: E402
-from worker.embedded import EmbeddedRedis  # noqa: E402
+from worker.runtime.celery_app import make_app  # noqa: E402
+from worker.runtime.supervisor import celery_command  # noqa: E402
 from worker.session import CompactingSession  # noqa: E402
 
 WINDOW = 1_047_576

@@ -44,10 +44,11 @@ from agent_framework._compaction import (
     SummarizationStrategy,
 )
 
-from worker.cli_service import running_services, wait_for_workers
 from worker.client import Client
 from worker.config import load_settings, with_redis_url
 from worker.integrations.agent_framework import from_openai
+from worker.runtime.fleet import wait_for_workers
+from worker.runtime.supervisor import running_services
 from worker.session import CompactingSession
 from worker.tokens import count_tokens
 

@@ -27,10 +27,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from worker.cli_service import celery_command  # noqa: E402
+from worker.backend.embedded import EmbeddedRedis  # noqa: E402
 from worker.client import Client  # noqa: E402
 from worker.config import load_settings, with_redis_url  # noqa: E402
-from worker.embedded import EmbeddedRedis  # noqa: E402
+from worker.runtime.supervisor import celery_command  # noqa: E402
 from worker.testing.standin_llm import Fault, StandinLLM  # noqa: E402
 
 FAULT_EVERY_CALLS = 7

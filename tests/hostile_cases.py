@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from worker.compress.rle_text import HEADER as RLE_HEADER
-from worker.models import MAX_REVISION
 from worker.summarize import SUMMARY_MARKER
+from worker.wire.models import MAX_REVISION
 
 Expect = Literal["rejected", "handled"]
 

@@ -32,13 +32,13 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from worker import keys
-from worker.celery_app import make_app
-from worker.cli_service import celery_command
+from worker.backend import keys
+from worker.backend.embedded import EmbeddedRedis
+from worker.backend.queues import QUEUES, broker_connection
 from worker.client import Client
 from worker.config import Settings, load_settings, with_broker_url, with_redis_url
-from worker.embedded import EmbeddedRedis
-from worker.queues import QUEUES, broker_connection
+from worker.runtime.celery_app import make_app
+from worker.runtime.supervisor import celery_command
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OUTCOMES = {

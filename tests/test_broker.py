@@ -1,4 +1,4 @@
-"""The kombu workaround in :mod:`worker.broker`, in-process against a real Redis: a channel
+"""The kombu workaround in :mod:`worker.backend.broker`, in-process against a real Redis: a channel
 left open after its connection was collected (what Celery's consumer does when Redis goes
 away) must fail with a connection error, which kombu and Celery handle, never with the
 ``AttributeError`` that made a busy worker exit."""
@@ -10,7 +10,7 @@ import redis
 from kombu import Connection, Queue
 from service_support import redis_server, redis_url  # noqa: F401 - fixtures
 
-from worker.broker import TRANSPORT
+from worker.backend.broker import TRANSPORT
 
 
 def detached_channel_with_unacked_delivery(url: str, transport: str) -> tuple[Connection, object]:
@@ -44,7 +44,7 @@ def test_a_detached_channel_fails_with_a_connection_error(redis_url: str) -> Non
 
 def test_kombu_itself_still_raises_attribute_error_there(redis_url: str) -> None:
     """The bug the workaround is for. When this fails, kombu handles a detached channel itself:
-    remove worker/broker.py and the ``broker_transport`` setting."""
+    remove worker/backend/broker.py and the ``broker_transport`` setting."""
     _, channel = detached_channel_with_unacked_delivery(redis_url, "redis")
     with pytest.raises(AttributeError, match="hostname"):
         channel.close()

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from worker.client import apply_compaction
-from worker.events import parse_event
-from worker.stores.filesystem import FileStore
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import parse_event
 
 if TYPE_CHECKING:
     from conftest import CliResult, CliRunner
@@ -551,7 +551,7 @@ CASES = [(f, c) for f, (commands, *_) in FAILURES.items() for c in commands]
 @pytest.fixture(scope="module")
 def protected_redis(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Redis that wants a password; yields its URL with a wrong one."""
-    from worker.embedded import EmbeddedRedis
+    from worker.backend.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(directory=tmp_path_factory.mktemp("redis"), password=RIGHT_PASSWORD)
     url = server.start()
@@ -564,7 +564,7 @@ def protected_redis(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def closed_port_url() -> str:
     """A loopback port nothing listens on (chosen free, and not used)."""
-    from worker.embedded import free_port
+    from worker.backend.embedded import free_port
 
     return f"redis://127.0.0.1:{free_port()}/0"
 
@@ -610,10 +610,10 @@ def test_every_command_maps_a_failure_to_the_same_code(
 def test_a_refused_password_from_the_broker_ping_is_the_same_error(protected_redis: str) -> None:
     """``status`` pings the workers through kombu, which wraps redis-py's AuthenticationError in
     its own OperationalError: converted where it enters, into the same ``redis.url`` error."""
-    from worker.celery_app import make_app
-    from worker.cli_service import ping
     from worker.config import Settings, with_redis_url
     from worker.errors import ConfigError
+    from worker.runtime.celery_app import make_app
+    from worker.runtime.fleet import ping
 
     app = make_app(with_redis_url(Settings(), protected_redis))
     # kombu retries a refused password like any connection error (for ~6 s); the wrapping
@@ -635,8 +635,8 @@ def test_a_refused_password_is_not_retried(protected_redis: str) -> None:
     the first refusal. Redis' ACL log counts the refused attempts."""
     import redis
 
+    from worker.backend.redis_state import connect, redis_errors
     from worker.errors import ConfigError
-    from worker.redis_state import connect, redis_errors
 
     admin = redis.Redis.from_url(protected_redis.replace(WRONG_PASSWORD, RIGHT_PASSWORD))
     try:

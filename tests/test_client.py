@@ -32,12 +32,12 @@ from store_support import (  # noqa: F401 - fixtures: a store of each kind
     store_url,
 )
 
-from worker import keys
+from worker.backend import keys
+from worker.backend.redis_state import RedisState, connect
 from worker.client import Client
 from worker.config import CompactionConfig, Settings, with_redis_url
 from worker.errors import EventMismatch, InvalidSnapshot, StorageError
-from worker.events import CompletedEvent, SkippedEvent
-from worker.redis_state import RedisState, connect
+from worker.wire.events import CompletedEvent, SkippedEvent
 
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 

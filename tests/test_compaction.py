@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.client import EventMismatch, apply_compaction
-from worker.compaction import STRIPPED_ARGUMENTS, STRIPPED_RESPONSE
 from worker.config import Settings
-from worker.events import CompactionEvent
-from worker.groups import group_messages
+from worker.core.groups import group_messages
+from worker.core.planning import STRIPPED_ARGUMENTS, STRIPPED_RESPONSE
 from worker.pipeline import Adapters, Pipeline, tokens_of
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompactionEvent
+from worker.wire.snapshots import parse_snapshot
 
 
 def _compact(snap: dict[str, Any], root: Path) -> CompactionEvent:

@@ -1,4 +1,4 @@
-"""Every compaction composed into one edit of the full history (worker.composed): the same
+"""Every compaction composed into one edit of the full history (worker.wire.composed): the same
 history as applying each event in turn, for any number of compactions, with a record whose size
 does not grow with the conversation."""
 
@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.client import EventMismatch, apply_compaction
-from worker.composed import ComposedCompaction, apply_composed, chain_digest, compose
 from worker.config import Settings
-from worker.events import CompletedEvent
 from worker.pipeline import Adapters, Pipeline
-from worker.stores.filesystem import FileStore
+from worker.transcripts.filesystem import FileStore
+from worker.wire.composed import ComposedCompaction, apply_composed, chain_digest, compose
+from worker.wire.events import CompletedEvent
 
 THRESHOLD = 2500
 

@@ -30,7 +30,7 @@ from worker.config import (
     shown_settings,
 )
 from worker.errors import ConfigError
-from worker.snapshots import parse_snapshot
+from worker.wire.snapshots import parse_snapshot
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = REPO_ROOT / "config" / "compactor.toml"
@@ -597,13 +597,13 @@ def test_shown_settings_masks_secrets(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_the_broker_defaults_to_the_state_redis_and_amqp_selects_rabbitmq() -> None:
-    from worker.celery_app import celery_config
-    from worker.queues import broker_kind, broker_url
-    from worker.redis_state import state_url
+    from worker.backend.queues import broker_kind, broker_url
+    from worker.backend.redis_state import state_url
+    from worker.runtime.celery_app import celery_config
 
     plain = load_settings(None, environ={"COMPACTOR_REDIS_URL": "redis://state:6379/2"})
     assert broker_url(plain) == state_url(plain) == "redis://state:6379/2"
-    assert celery_config(plain)["broker_transport"] == "worker.broker:Transport"
+    assert celery_config(plain)["broker_transport"] == "worker.backend.broker:Transport"
     amqp = "amqp://guest:s3cret@rabbit:5672/compactor"
     both = load_settings(
         None, environ={"COMPACTOR_REDIS_URL": "redis://state:6379/2", "COMPACTOR_BROKER_URL": amqp}
@@ -627,7 +627,7 @@ def test_an_unsupported_broker_scheme_is_refused_without_showing_the_url(url: st
 
 
 def test_rabbitmq_consumer_timeout_must_outlast_the_longest_task() -> None:
-    from worker.celery_app import celery_config
+    from worker.runtime.celery_app import celery_config
 
     env = {"COMPACTOR_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"}
     too_long = load_settings(

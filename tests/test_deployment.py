@@ -33,10 +33,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from worker.celery_app import EVALUATE_QUEUE, MAINTENANCE_QUEUE, QUEUES, SUMMARIZE_QUEUE
 from worker.cli import build_parser
-from worker.cli_service import celery_command
 from worker.config import Settings, load_settings
+from worker.runtime.celery_app import EVALUATE_QUEUE, MAINTENANCE_QUEUE, QUEUES, SUMMARIZE_QUEUE
+from worker.runtime.supervisor import celery_command
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -741,7 +741,7 @@ def test_dockerfile_default_command_and_healthcheck(stages: list[list[tuple[str,
     assert {"--interval", "--timeout", "--retries"} <= {o.split("=")[0] for o in options.split()}
     argv = shell_argv(command.strip())
     assert argv[:5] == ["celery", "-A", "worker", "inspect", "ping"]
-    # The default CMD's node name is compactor@%h (see worker.cli_service.celery_command).
+    # The default CMD's node name is compactor@%h (see worker.runtime.supervisor.celery_command).
     default_node = option(celery_command("worker", None), "-n")
     assert option(argv, "--destination") == default_node.replace("%h", CONTAINER_HOSTNAME)
 
@@ -939,7 +939,7 @@ def test_a_starting_worker_collects_garbage_in_large_steps() -> None:
 
     from celery.signals import worker_init
 
-    from worker.celery_app import TUNES_GC, WORKER_GC_THRESHOLDS
+    from worker.runtime.celery_app import TUNES_GC, WORKER_GC_THRESHOLDS
 
     before = gc.get_threshold()
     assert before != WORKER_GC_THRESHOLDS

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from worker.facts import extract_facts
-from worker.files import call_file_uses, normalize_path, shell_file_uses
-from worker.models import Message, ToolCall
+from worker.core.facts import extract_facts
+from worker.core.files import call_file_uses, normalize_path, shell_file_uses
 from worker.summarize import SummaryRequest
 from worker.summarize.digest import DigestSummarizer, parse_files
+from worker.wire.models import Message, ToolCall
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from corpus import corpus_dir

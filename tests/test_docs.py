@@ -20,7 +20,10 @@ import redis
 from docs_runner import RUN, Block, blocks
 from pydantic import BaseModel
 
-from worker import keys
+from worker.backend import keys
+from worker.backend.embedded import EmbeddedRedis
+from worker.backend.queues import EVALUATE_TASK, task_message
+from worker.backend.redis_state import _SUBMIT, redis_errors
 from worker.config import (
     BrokerConfig,
     CompactionConfig,
@@ -34,12 +37,9 @@ from worker.config import (
     WorkerConfig,
     settings_from_mapping,
 )
-from worker.embedded import EmbeddedRedis
 from worker.errors import CompactorError
-from worker.history import range_digest
-from worker.models import CONVERSATION_ID_PATTERN
-from worker.queues import EVALUATE_TASK, task_message
-from worker.redis_state import _SUBMIT, redis_errors
+from worker.wire.history import range_digest
+from worker.wire.models import CONVERSATION_ID_PATTERN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS = REPO_ROOT / "docs"

@@ -1,4 +1,4 @@
-"""The kombu event-loop workaround in :mod:`worker.celery_app` (``wake_when_ready``), on a
+"""The kombu event-loop workaround in :mod:`worker.runtime.celery_app` (``wake_when_ready``), on a
 real kombu ``Hub`` in-process: a callback queued by the loop's own thread while the loop runs
 its ready callbacks must not leave the next poll waiting for a timer.
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kombu.asynchronous import Hub
 
-from worker.celery_app import PromptEventLoop, make_app, wake_when_ready
+from worker.runtime.celery_app import PromptEventLoop, make_app, wake_when_ready
 
 
 @dataclass
@@ -83,7 +83,7 @@ def run_turns(state: Turns, count: int) -> None:
 
 def test_kombu_itself_polls_with_a_timeout_while_callbacks_are_ready(turns: Turns) -> None:
     """The bug the workaround is for. When this fails, kombu no longer sleeps with callbacks
-    ready: remove ``wake_when_ready`` and ``PromptEventLoop`` from worker/celery_app.py."""
+    ready: remove ``wake_when_ready`` and ``PromptEventLoop`` from worker/runtime/celery_app.py."""
     run_turns(turns, 1)
     assert turns.ran == ["first"]
     first_poll = turns.polls[0]

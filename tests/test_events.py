@@ -17,16 +17,16 @@ import pytest
 
 from worker.config import Settings
 from worker.errors import EventMismatch
-from worker.events import (
+from worker.pipeline import Adapters, Pipeline
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import (
     SCHEMA_VERSION,
     CompletedEvent,
     OtherEvent,
     SkippedEvent,
     parse_event,
 )
-from worker.history import apply_compaction
-from worker.pipeline import Adapters, Pipeline
-from worker.stores.filesystem import FileStore
+from worker.wire.history import apply_compaction
 
 SETTINGS = Settings(compaction={"summary_max_output_tokens": 200})
 

@@ -44,10 +44,10 @@ from service_support import (  # noqa: F401 - fixtures
     redis_url,
 )
 
-from worker import keys
+from worker.backend import keys
+from worker.backend.embedded import free_port
 from worker.client import BrokerUnavailable, Client
 from worker.config import with_broker_url
-from worker.embedded import free_port
 
 pytestmark = pytest.mark.slow
 

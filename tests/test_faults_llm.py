@@ -33,8 +33,8 @@ from fault_support import (  # noqa: F401 - fixtures
     wait_until,
 )
 
-from worker.events import CompactionEvent, CompletedEvent, FailedEvent
 from worker.testing.standin_llm import Fault, StandinLLM
+from worker.wire.events import CompactionEvent, CompletedEvent, FailedEvent
 
 pytestmark = pytest.mark.slow
 

@@ -31,8 +31,8 @@ from fault_support import (  # noqa: F401 - fixtures
 )
 from service_support import BROKERS, broker, rabbitmq_server  # noqa: F401 - fixtures
 
-from worker import keys
-from worker.cli_service import UP_WORKERS
+from worker.backend import keys
+from worker.runtime.supervisor import UP_WORKERS
 from worker.testing.standin_llm import StandinLLM
 
 pytestmark = pytest.mark.slow
@@ -249,7 +249,7 @@ def test_both_worker_kinds_survive_repeated_redis_restarts_under_load(make_clust
     conversation submitted before, between and after the restarts reaches its outcome.
 
     A busy summarize worker used to exit (status 1, "Unrecoverable error: AttributeError"
-    from kombu) on a restart: see :mod:`worker.broker`."""
+    from kombu) on a restart: see :mod:`worker.backend.broker`."""
     with StandinLLM(latency_s=0.8) as llm:
         cluster = make_cluster(
             {

@@ -50,10 +50,9 @@ from store_support import (  # noqa: F401 - fixtures
 )
 
 from worker.errors import StorageError, TranscriptConflict
-from worker.events import CompactionEvent
-from worker.stores import filesystem
-from worker.stores.filesystem import FileStore
-from worker.transcripts import key_of_uri, open_store
+from worker.transcripts import filesystem, key_of_uri, open_store
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompactionEvent
 
 pytestmark = pytest.mark.slow
 
@@ -259,8 +258,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 WRITER = """
 import sys
-from worker.stores.filesystem import FileStore
-import worker.stores.filesystem as filesystem
+from worker.transcripts.filesystem import FileStore
+import worker.transcripts.filesystem as filesystem
 filesystem.UNNAMED_FILES = sys.argv[2] == "unnamed"
 store = FileStore(sys.argv[1])
 for i in range(10_000):

@@ -42,10 +42,10 @@ from store_support import (  # noqa: F401 - fixtures
 )
 
 from worker.errors import StorageError
-from worker.events import CompactionEvent
-from worker.stores.s3 import MAX_ATTEMPTS, WRITE_BOUND_S, WRITE_DEADLINE_S
 from worker.testing.standin_llm import StandinLLM
 from worker.transcripts import open_store
+from worker.transcripts.s3 import MAX_ATTEMPTS, WRITE_BOUND_S, WRITE_DEADLINE_S
+from worker.wire.events import CompactionEvent
 
 pytestmark = pytest.mark.slow
 

@@ -29,9 +29,9 @@ from fault_support import (  # noqa: F401 - fixtures
 )
 from service_support import broker, rabbitmq_server  # noqa: F401 - fixtures
 
-from worker import keys
-from worker.cli_service import celery_command
+from worker.backend import keys
 from worker.config import RedisConfig, WorkerConfig
+from worker.runtime.supervisor import celery_command
 from worker.testing.standin_llm import StandinLLM
 
 pytestmark = pytest.mark.slow

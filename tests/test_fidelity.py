@@ -15,16 +15,16 @@ from histories import snapshot
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker import fidelity
 from worker.config import Settings
-from worker.events import CompletedEvent, Summary
-from worker.fidelity import KINDS, Fact, carried_text, ensure, extract_must_keep, missing_facts
-from worker.formats import to_messages
+from worker.core import fidelity
+from worker.core.fidelity import KINDS, Fact, carried_text, ensure, extract_must_keep, missing_facts
 from worker.pipeline import Adapters, Pipeline
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.tokens import count_tokens, encoding_name_for_model, get_encoding
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompletedEvent, Summary
+from worker.wire.formats import to_messages
+from worker.wire.snapshots import parse_snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from corpus import conversations, corpus_dir

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from worker.embedded import EmbeddedRedis
+from worker.backend.embedded import EmbeddedRedis
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from worker import formats
 from worker.errors import InvalidSnapshot
-from worker.models import Message, WireFormat
+from worker.wire import formats
+from worker.wire.models import Message, WireFormat
 
 # One conversation, written once per format.
 SYSTEM = "You are a coding agent."

@@ -15,19 +15,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker import formats
 from worker.client import apply_compaction, project
-from worker.compaction import STRIPPED_ARGUMENTS, STRIPPED_RESPONSE
 from worker.config import CompactionConfig, Settings
+from worker.core.groups import group_messages
+from worker.core.planning import STRIPPED_ARGUMENTS, STRIPPED_RESPONSE
 from worker.errors import InvalidSnapshot
-from worker.events import CompactionEvent, parse_event
-from worker.groups import group_messages
-from worker.models import canonical_json
 from worker.pipeline import Adapters, Pipeline, tokens_of
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER
 from worker.tokens import tokenizer_for
+from worker.transcripts.filesystem import FileStore
+from worker.wire import formats
+from worker.wire.events import CompactionEvent, parse_event
+from worker.wire.models import canonical_json
+from worker.wire.snapshots import parse_snapshot
 
 if TYPE_CHECKING:
     from conftest import CliRunner

@@ -32,8 +32,8 @@ from worker.compress.textform import VERBATIM_HEADER
 from worker.config import Settings
 from worker.errors import CompactorError, CompressionError, InvalidSnapshot
 from worker.pipeline import Adapters, Pipeline
-from worker.snapshots import ParsedSnapshot, parse_snapshot
-from worker.stores.filesystem import FileStore
+from worker.transcripts.filesystem import FileStore
+from worker.wire.snapshots import ParsedSnapshot, parse_snapshot
 
 SETTINGS = Settings()
 FUZZ = settings(

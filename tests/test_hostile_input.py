@@ -38,13 +38,13 @@ from hostile_cases import (
 )
 from service_support import REPO_ROOT, Workers, client_for
 
-from worker.celery_app import make_app
+from worker.backend.embedded import EmbeddedRedis, free_port
 from worker.client import Client
 from worker.config import load_settings, with_redis_url
-from worker.embedded import EmbeddedRedis, free_port
 from worker.errors import InvalidSnapshot
-from worker.events import CompactionEvent, parse_event
+from worker.runtime.celery_app import make_app
 from worker.summarize import SUMMARY_MARKER
+from worker.wire.events import CompactionEvent, parse_event
 
 CASES = hostile_cases()
 BY_NAME = {c.name: c for c in CASES}
@@ -168,7 +168,7 @@ def _prepare(case: HostileCase, root: Path, config: str) -> tuple[CliRun, Path]:
 # ``python -m worker`` runs, without paying an interpreter start and the imports 100 times.
 _FORK_DRIVER = r"""
 import json, os, sys, time, traceback
-import worker.cli, worker.pipeline, worker.snapshots, worker.summarize_factory
+import worker.cli, worker.pipeline, worker.wire.snapshots, worker.summarize.factory
 import worker.summarize.llm, worker.transcripts
 from worker.tokens import tokenizer_for
 tokenizer_for("gpt-4.1").count("warm")

@@ -28,10 +28,10 @@ import pytest
 from hosts_support import Network, network
 from service_support import REPO_ROOT, conversation, wait_for_outcome
 
-from worker.cli_service import celery_command
+from worker.backend.embedded import EmbeddedRedis, free_port
 from worker.client import Client
 from worker.config import load_settings
-from worker.embedded import EmbeddedRedis, free_port
+from worker.runtime.supervisor import celery_command
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -151,7 +151,7 @@ def workers_on_a(site: Site) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _wait_for_worker(site: Site, name: str, proc: subprocess.Popen[bytes]) -> None:
-    from worker.celery_app import make_app
+    from worker.runtime.celery_app import make_app
 
     settings = load_settings(site.host_dir("a") / "compactor.toml", environ=site.env("a"))
     app = make_app(settings)

@@ -15,7 +15,7 @@ from service_support import conversation, redis_server  # noqa: F401 - fixtures
 
 from worker.api.spec import DOC, openapi
 from worker.client import apply_compaction
-from worker.formats import source_ids
+from worker.wire.formats import source_ids
 
 pytestmark = pytest.mark.slow
 

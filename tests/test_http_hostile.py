@@ -24,7 +24,7 @@ from worker.api.auth import STORAGE_FAILED, Tenant
 from worker.api.proxy import ROUTES as PROXY_ROUTES
 from worker.api.spec import openapi
 from worker.client import apply_compaction
-from worker.events import CompletedEvent
+from worker.wire.events import CompletedEvent
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import facts
 from worker.config import Settings
+from worker.core import facts
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PEAK_RSS_LIMIT = 1 << 30

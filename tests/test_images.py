@@ -12,25 +12,25 @@ from typing import Any
 
 import pytest
 
-from worker import formats
 from worker.config import LLMConfig, Settings
-from worker.events import CompletedEvent
-from worker.media import (
+from worker.pipeline import Adapters, Pipeline, evaluate
+from worker.summarize import SummaryRequest
+from worker.summarize.digest import DigestSummarizer
+from worker.summarize.llm import LLMSummarizer
+from worker.summarize.prompt import render_message, without_bytes
+from worker.testing.standin_llm import StandinLLM
+from worker.tokens import tokenizer_for
+from worker.transcripts.filesystem import FileStore
+from worker.wire import formats
+from worker.wire.events import CompletedEvent
+from worker.wire.media import (
     MediaRules,
     anthropic_image_tokens,
     base64_image_size,
     image_size,
     openai_image_tokens,
 )
-from worker.pipeline import Adapters, Pipeline, evaluate
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
-from worker.summarize import SummaryRequest
-from worker.summarize.digest import DigestSummarizer
-from worker.summarize.llm import LLMSummarizer
-from worker.summarize.llm_prompt import render_message, without_bytes
-from worker.testing.standin_llm import StandinLLM
-from worker.tokens import tokenizer_for
+from worker.wire.snapshots import parse_snapshot
 
 # --- real image bytes -------------------------------------------------------------------------
 

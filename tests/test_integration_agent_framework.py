@@ -33,13 +33,13 @@ from agent_framework import (
     tool,
 )
 
-from worker import formats
 from worker.integrations.agent_framework import (
     CompactingContextProvider,
     from_openai,
     to_openai,
 )
 from worker.session import CompactingSession
+from worker.wire import formats
 
 pytestmark = pytest.mark.slow
 

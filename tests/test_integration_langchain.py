@@ -45,7 +45,7 @@ from service_support import (  # noqa: F401 - fixtures
     write_config,
 )
 
-from worker import formats
+from worker.core.projection import count_request_tokens
 from worker.integrations.langchain import (
     EXTENSION,
     CompactionHook,
@@ -53,9 +53,9 @@ from worker.integrations.langchain import (
     from_wire,
     to_wire,
 )
-from worker.projection import count_request_tokens
 from worker.session import CompactingSession
 from worker.tokens import tokenizer_for
+from worker.wire import formats
 
 # --- conversion: messages -> wire -> messages is the identity -----------------------------
 

@@ -10,12 +10,12 @@ import pytest
 
 from worker.config import LLMConfig
 from worker.errors import SummaryError
-from worker.models import Message, ToolCall
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.summarize.llm import LLMSummarizer
-from worker.summarize.llm_prompt import MUST_KEEP_HEADING, SECTIONS
+from worker.summarize.prompt import MUST_KEEP_HEADING, SECTIONS
 from worker.testing.standin_llm import Fault, RecordedRequest, StandinLLM, standin_summary
 from worker.tokens import count_tokens
+from worker.wire.models import Message, ToolCall
 
 KEY_ENV = "TEST_LLM_KEY"
 PART = re.compile(r"is part (\d+) of (\d+)")

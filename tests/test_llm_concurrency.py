@@ -14,11 +14,11 @@ import pytest
 
 from worker.config import LLMConfig
 from worker.errors import LLMTransientError
-from worker.events import Summary
-from worker.models import Message
 from worker.summarize import SummaryRequest
 from worker.summarize.llm import LLMSummarizer
 from worker.testing.standin_llm import StandinLLM
+from worker.wire.events import Summary
+from worker.wire.models import Message
 
 LOOP_THREAD = "llm-summarizer-loop"
 

@@ -13,11 +13,11 @@ import pytest
 
 from worker.config import LLMConfig
 from worker.errors import CompactorError, LLMPermanentError, LLMTransientError
-from worker.models import Message
 from worker.summarize import SummaryRequest
 from worker.summarize.llm import LLMSummarizer
 from worker.summarize.resilience import CircuitBreaker, retry_after_s
 from worker.testing.standin_llm import Fault, StandinLLM
+from worker.wire.models import Message
 
 KEY_ENV = "TEST_LLM_KEY"
 KEY = "sk-faults-test-key"

@@ -12,12 +12,12 @@ import pytest
 
 from worker.config import LLMConfig
 from worker.errors import CompactorError, ConfigError, LLMTransientError
-from worker.models import Message, ToolCall
 from worker.summarize import SummaryRequest
 from worker.summarize.llm import LLMSummarizer
 from worker.summarize.providers import AnthropicMessages, OpenAIChat, Prompt
 from worker.testing.llm_schema import anthropic_messages_errors, openai_chat_errors
 from worker.testing.standin_llm import Fault, StandinLLM
+from worker.wire.models import Message, ToolCall
 
 KEY_ENV = "TEST_LLM_KEY"
 PLANTED = "sk-PLANTED-4f9c2d7e1b8a6035-secret"

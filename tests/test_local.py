@@ -16,13 +16,13 @@ import pytest
 import redis
 from service_support import conversation, write_config
 
+from worker.backend.embedded import free_port
 from worker.client import Client
 from worker.config import Settings, with_redis_url
-from worker.embedded import free_port
 from worker.errors import ConfigError
-from worker.events import CompletedEvent
 from worker.local import LocalStack, local_stack
 from worker.session import AsyncCompactingSession, CompactingSession
+from worker.wire.events import CompletedEvent
 
 pytestmark = pytest.mark.slow
 

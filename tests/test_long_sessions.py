@@ -17,11 +17,11 @@ import pytest
 from http_support import KEY_A, Stack
 from service_support import redis_server  # noqa: F401 - fixtures
 
-from worker import formats
-from worker.events import OUTCOME_TYPES
-from worker.projection import count_request_tokens
+from worker.core.projection import count_request_tokens
 from worker.testing.standin_llm import StandinLLM
 from worker.tokens import tokenizer_for
+from worker.wire import formats
+from worker.wire.events import OUTCOME_TYPES
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,9 @@ from service_support import redis_server, redis_url  # noqa: F401 - fixtures: a 
 from worker.cache import ContentCache, Recorder
 from worker.config import Settings
 from worker.errors import InvalidSnapshot
-from worker.memo import (
+from worker.pipeline import StoredBlob, evaluate, evaluate_with_memo, tokenizer_of
+from worker.reuse import Reuse
+from worker.reuse.memo import (
     MAX_MEMO_BYTES,
     StoredMemo,
     decode_memo,
@@ -24,11 +26,9 @@ from worker.memo import (
     preload,
     worth_rewriting,
 )
-from worker.pipeline import StoredBlob, evaluate, evaluate_with_memo, tokenizer_of
-from worker.recent import RecentConversations
-from worker.reuse import Reuse
-from worker.snapshots import ParsedSnapshot, parse_snapshot
+from worker.reuse.recent import RecentConversations
 from worker.tokens import CharEstimateTokenizer, TiktokenTokenizer
+from worker.wire.snapshots import ParsedSnapshot, parse_snapshot
 
 DEFAULT = Settings()
 
@@ -221,12 +221,12 @@ def test_a_process_that_made_the_memo_does_not_load_it_again(
 
 
 def test_the_store_sends_the_memo_only_to_a_reader_that_lacks_it(redis_url: str) -> None:
-    from worker.redis_state import RedisState, connect
+    from worker.backend.redis_state import RedisState, connect
 
     state = RedisState(connect(redis_url), DEFAULT.redis)
     state.store_snapshot("c-m", 1, json.dumps(conversation(1)).encode())
     assert state.take_work("c-m").memo_digest is None
-    from worker.events import SkippedEvent
+    from worker.wire.events import SkippedEvent
 
     event = SkippedEvent(
         reason="below",
@@ -302,7 +302,7 @@ def has_number_or_boolean(value: Any) -> bool:
 @settings(max_examples=500)
 @given(json_values)
 def test_plain_json_is_exactly_json_without_numbers_or_booleans(value: Any) -> None:
-    from worker.models import is_plain_json
+    from worker.wire.models import is_plain_json
 
     assert is_plain_json(value) == (not has_number_or_boolean(value))
 
@@ -311,7 +311,7 @@ def test_plain_json_is_exactly_json_without_numbers_or_booleans(value: Any) -> N
 @given(json_values)
 def test_canonical_json_is_byte_for_byte_json_dumps(value: Any) -> None:
     """Derived ids hash canonical JSON through a reused C encoder: it must be json.dumps'."""
-    from worker.models import canonical_json
+    from worker.wire.models import canonical_json
 
     expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert canonical_json(value) == expected
@@ -321,7 +321,7 @@ def test_canonical_json_is_byte_for_byte_json_dumps(value: Any) -> None:
 @given(json_values, json_values)
 def test_equal_plain_json_has_the_same_canonical_form(a: Any, b: Any) -> None:
     """Why a plain message equal to the prior one may keep its derived id."""
-    from worker.models import canonical_json, is_plain_json
+    from worker.wire.models import canonical_json, is_plain_json
 
     if a == b and is_plain_json(a):
         assert canonical_json(a) == canonical_json(b)
@@ -330,7 +330,7 @@ def test_equal_plain_json_has_the_same_canonical_form(a: Any, b: Any) -> None:
 def test_plain_messages_keep_their_derived_ids_and_others_are_hashed_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import worker.formats as formats
+    import worker.wire.formats as formats
 
     base = conversation(3)
     base["messages"][2]["x_score"] = 5  # not plain: its id is always derived again
@@ -575,7 +575,7 @@ def test_a_reused_counted_projection_is_the_full_evaluation(config: dict[str, An
 def test_only_new_messages_are_projected_when_the_prefix_is_reused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import worker.projection as projection
+    import worker.core.projection as projection
 
     first, second = grep_conversation(5), grep_conversation(6, revision=2)
     parsed = parse_snapshot(first, DEFAULT)
@@ -684,7 +684,7 @@ def test_front_caches_are_bounded_by_entries_and_count_empty_texts() -> None:
 
 def test_the_compression_cache_is_named_after_the_codecs() -> None:
     """Memos from workers running other codecs (a rolling deploy) are not preloaded here."""
-    import worker.projection as projection
+    import worker.core.projection as projection
     from worker.compress import CODECS_VERSION
 
     assert f"compressed:v{CODECS_VERSION}" == projection.COMPRESSED_CACHE
@@ -701,7 +701,7 @@ def test_the_memo_is_rewritten_after_the_conversation_shrinks() -> None:
 def test_a_memo_too_big_to_store_is_not_tried_again_on_every_evaluation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import worker.memo as memo
+    import worker.reuse.memo as memo
 
     reuse = Reuse()
     monkeypatch.setattr(memo, "MAX_MEMO_BYTES", 10)

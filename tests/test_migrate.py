@@ -21,8 +21,8 @@ from test_cli import fixture, save, stdout_events
 
 from worker.client import Client
 from worker.config import load_settings
-from worker.events import parse_event
 from worker.transcripts import TranscriptStore, open_store
+from worker.wire.events import parse_event
 
 if TYPE_CHECKING:
     from conftest import CliRunner

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.config import ProjectedToolResultBudget
-from worker.models import Message, ToolCall
-from worker.projection import (
+from worker.core.projection import (
     ELLIPSIS,
     PREVIEW_JOINER,
     ProjectionPolicy,
@@ -17,6 +16,7 @@ from worker.projection import (
     marker_for,
     project,
 )
+from worker.wire.models import Message, ToolCall
 
 
 def _size(text: str) -> int:

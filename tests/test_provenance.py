@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from histories import snapshot
 
-from worker import formats
 from worker.client import apply_compaction, restore
 from worker.config import Settings
-from worker.events import CompletedEvent, Summary, parse_event
+from worker.core.provenance import HEAD_IDS, MAX_SECTION_IDS, headings
 from worker.pipeline import Adapters, Pipeline
-from worker.provenance import HEAD_IDS, MAX_SECTION_IDS, headings
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.tokens import count_tokens
+from worker.transcripts.filesystem import FileStore
+from worker.wire import formats
+from worker.wire.events import CompletedEvent, Summary, parse_event
+from worker.wire.snapshots import parse_snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from corpus import conversations, corpus_dir

@@ -45,14 +45,14 @@ from service_support import (  # noqa: F401 - fixtures
     wait_for_outcome,
 )
 
-from worker import keys
+from worker.backend import keys
+from worker.backend.queues import broker_url
+from worker.backend.redis_state import RedisState, connect, redis_errors
+from worker.backend.redis_target import parse_redis_url
 from worker.config import RedisConfig, Settings, mask_url
 from worker.errors import ConfigError, RedisUnavailable
-from worker.events import skipped_event
-from worker.queues import broker_url
-from worker.redis_state import RedisState, connect, redis_errors
-from worker.redis_target import parse_redis_url
 from worker.testing.standin_llm import StandinLLM
+from worker.wire.events import skipped_event
 
 # --- the URL forms (pure) ---------------------------------------------------------------------
 

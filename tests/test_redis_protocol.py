@@ -30,8 +30,8 @@ from service_support import (  # noqa: F401 - fixtures: a real Redis and real wo
     service_env,
 )
 
+from worker.backend.queues import TaskSender
 from worker.client import apply_compaction
-from worker.queues import TaskSender
 
 pytestmark = pytest.mark.slow
 

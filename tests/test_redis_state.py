@@ -19,12 +19,12 @@ from service_support import (  # noqa: F401 - fixtures: a real Redis
     redis_url,
 )
 
-from worker import keys
+from worker.backend import keys
+from worker.backend.redis_state import RedisState, connect
 from worker.config import Settings
 from worker.pipeline import Adapters, Pipeline
-from worker.redis_state import RedisState, connect
-from worker.service import Service
-from worker.stores.filesystem import FileStore
+from worker.runtime.service import Service
+from worker.transcripts.filesystem import FileStore
 
 
 @pytest.fixture(params=["standalone", "cluster"])
@@ -85,7 +85,7 @@ def test_a_service_evaluates_a_grown_conversation_only_for_its_new_messages(
     """Through the whole evaluate step (Redis, parse, memo, projection): the second snapshot
     of a conversation counts only what differs from the first in the process that saw it (a
     new exchange, and the closing message that moved: its id, ``end21``, is new)."""
-    import worker.projection as projection
+    import worker.core.projection as projection
 
     svc = service(open_client(), tmp_path)
     svc.state.store_snapshot(
@@ -185,18 +185,18 @@ def test_a_follower_whose_cancellation_was_swallowed_stops_at_the_next_slice() -
     asyncio.timeout, Python 3.11, under load): the task stays cancelling but reads on. The
     blocking loop honours it between slices, so a cancelled follower always ends."""
     import asyncio
+    import contextlib
 
-    from worker.redis_state import await_entries
+    from worker.backend.redis_state import await_entries
 
     reads = 0
 
     async def swallowing_read(block: int) -> None:
         nonlocal reads
         reads += 1
-        try:
+        # what the swallowing read does: the task is still "cancelling" afterwards
+        with contextlib.suppress(asyncio.CancelledError):
             await asyncio.sleep(block / 1000)
-        except asyncio.CancelledError:
-            pass  # what the swallowing read does: the task is still "cancelling"
 
     async def scenario() -> None:
         task = asyncio.create_task(await_entries(swallowing_read, 0))  # 0: without end

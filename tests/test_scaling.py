@@ -24,13 +24,13 @@ from histories import histories
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import compaction
-from worker.compaction import RangePlan, fit_carried, plan_range, resolve_tool_policies
 from worker.config import CompactionConfig
-from worker.formats import to_messages
-from worker.models import Message
-from worker.projection import count_message_tokens
+from worker.core import planning as compaction
+from worker.core.planning import RangePlan, fit_carried, plan_range, resolve_tool_policies
+from worker.core.projection import count_message_tokens
 from worker.tokens import tokenizer_for
+from worker.wire.formats import to_messages
+from worker.wire.models import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from scaling_compact_bench import scaling_snapshot

@@ -1,6 +1,6 @@
 """The checked-in JSON Schemas (docs/schemas) against the models, the examples and real events.
 
-A test here fails when the files drift from the models (``python -m worker.schemas`` rewrites
+A test here fails when the files drift from the models (``python -m worker.wire.schemas`` rewrites
 them), when an example snapshot or an event the CLI prints does not validate, or when a schema
 accepts what the models refuse.
 """
@@ -19,12 +19,12 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
-from worker import schemas
 from worker.config import Settings
 from worker.errors import InvalidSnapshot
-from worker.events import EventType, rejected_event
-from worker.models import Snapshot
-from worker.snapshots import parse_snapshot
+from worker.wire import schemas
+from worker.wire.events import EventType, rejected_event
+from worker.wire.models import Snapshot
+from worker.wire.snapshots import parse_snapshot
 
 if TYPE_CHECKING:
     from conftest import CliRunner
@@ -60,7 +60,7 @@ def load(path: Path) -> Any:
 
 
 def test_checked_in_schemas_are_what_the_models_generate() -> None:
-    assert schemas.drift(SCHEMA_DIR) == [], "regenerate with: python -m worker.schemas"
+    assert schemas.drift(SCHEMA_DIR) == [], "regenerate with: python -m worker.wire.schemas"
     assert schemas.main(["--check", "--dir", str(SCHEMA_DIR)]) == 0
 
 

@@ -31,12 +31,12 @@ import pytest
 import redis
 from service_support import REPO_ROOT, Workers, client_for, conversation, wait_for_outcome
 
+from worker.backend.embedded import EmbeddedRedis, free_port
 from worker.client import Client
 from worker.config import load_settings, with_redis_url
-from worker.embedded import EmbeddedRedis, free_port
 from worker.errors import CompactorError
-from worker.events import CompactionEvent, CompletedEvent, FailedEvent
 from worker.testing.standin_llm import StandinLLM
+from worker.wire.events import CompactionEvent, CompletedEvent, FailedEvent
 
 pytestmark = pytest.mark.slow
 

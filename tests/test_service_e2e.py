@@ -31,13 +31,13 @@ from service_support import (  # noqa: F401 - fixtures
     wait_for_outcome,
 )
 
+from worker.backend.queues import EVALUATE_QUEUE, broker_connection
 from worker.client import EventMismatch, apply_compaction
 from worker.config import Settings, load_settings
 from worker.pipeline import evaluate, tokenizer_of, tokens_of
-from worker.queues import EVALUATE_QUEUE, broker_connection
 from worker.reuse import Reuse
-from worker.snapshots import parse_snapshot
 from worker.tokens import tokenizer_for
+from worker.wire.snapshots import parse_snapshot
 
 pytestmark = pytest.mark.slow
 ON_BOTH_BROKERS = pytest.mark.parametrize("broker", BROKERS, indirect=True)
@@ -102,7 +102,7 @@ def test_under_threshold_is_skipped(any_service_env) -> None:  # type: ignore[no
     assert counters["snapshots_evaluated_total"] == 1
     assert counters["compactions_skipped_total"] == 1
     assert counters["queue_lag_samples_total"] == 1
-    from worker.metrics import render_prometheus
+    from worker.ops.metrics import render_prometheus
 
     text = render_prometheus(counters, {"compactor.evaluate": 0})
     assert "compactor_snapshots_evaluated_total 1" in text

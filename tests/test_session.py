@@ -23,15 +23,16 @@ from service_support import (  # noqa: F401 - fixtures
     write_config,
 )
 
-from worker import formats, keys
+from worker.backend import keys
+from worker.backend.embedded import EmbeddedRedis
 from worker.client import Client, project
 from worker.config import CompactionConfig, Settings, with_redis_url
-from worker.embedded import EmbeddedRedis
+from worker.core.projection import count_request_tokens
 from worker.errors import InvalidSnapshot
-from worker.models import canonical_json
-from worker.projection import count_request_tokens
 from worker.session import AsyncCompactingSession, CompactingSession
 from worker.tokens import tokenizer_for
+from worker.wire import formats
+from worker.wire.models import canonical_json
 
 pytestmark = pytest.mark.slow
 

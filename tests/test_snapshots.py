@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from worker.config import CompactionConfig, Settings, ToolConfig
 from worker.errors import InvalidSnapshot
-from worker.snapshots import decode_json, parse_snapshot
+from worker.wire.snapshots import decode_json, parse_snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DEFAULT = Settings()

@@ -25,7 +25,7 @@ import pytest
 import redis
 from service_support import conversation
 
-from worker.embedded import EmbeddedRedis, free_port
+from worker.backend.embedded import EmbeddedRedis, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -219,7 +219,7 @@ def test_one_shot_commands_say_their_redis_only_when_asked(tmp_path: Path, prote
 def test_the_built_in_default_is_named_as_such() -> None:
     """Nothing configured: the commands would use a Redis on 127.0.0.1:6379 and say that it is
     the built-in default (in process: no command may touch the machine's Redis here)."""
-    from worker.cli_service import redis_in_use
+    from worker.cli.common import redis_in_use
     from worker.config import load_settings
 
     assert redis_in_use(load_settings(None, environ={})) == {

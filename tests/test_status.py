@@ -18,7 +18,7 @@ from service_support import (  # noqa: F401 - fixtures
     service_env,
 )
 
-from worker.cli_service import classify_workers
+from worker.runtime.fleet import classify_workers
 
 if TYPE_CHECKING:
     from conftest import CliRunner

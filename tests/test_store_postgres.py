@@ -39,11 +39,11 @@ from store_support import postgres_database  # noqa: F401 - fixture
 from worker.config import Settings
 from worker.errors import ConfigError, StorageError
 from worker.pipeline import Adapters, Pipeline
-from worker.snapshots import parse_snapshot
 from worker.transcripts import TranscriptKey, open_store, transcript_name
+from worker.wire.snapshots import parse_snapshot
 
 psycopg = pytest.importorskip("psycopg", reason="needs the postgres extra")
-from worker.stores.postgres import MIGRATIONS, VERSIONS_TABLE, PostgresStore  # noqa: E402
+from worker.transcripts.postgres import MIGRATIONS, VERSIONS_TABLE, PostgresStore  # noqa: E402
 
 ADMIN_URL = os.environ.get(
     "COMPACTOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

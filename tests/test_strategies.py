@@ -13,10 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from worker.groups import group_messages
-from worker.models import Message, ToolCall
-from worker.projection import count_message_tokens
-from worker.strategies import (
+from worker.core.groups import group_messages
+from worker.core.projection import count_message_tokens
+from worker.core.strategies import (
     OMITTED_TOOL_RESULT,
     CompactionStrategy,
     SelectiveToolResult,
@@ -29,6 +28,7 @@ from worker.strategies import (
     TruncationConfig,
 )
 from worker.tokens import CharEstimateTokenizer, TiktokenTokenizer, Tokenizer, tokenizer_for
+from worker.wire.models import Message, ToolCall
 
 ESTIMATE = CharEstimateTokenizer()
 LONG = "x" * 200  # longer than OMITTED_TOOL_RESULT, so SelectiveToolResult replaces it
@@ -449,7 +449,7 @@ def assert_groups_kept_whole(h: History, out: list[Message]) -> None:
 @given(h=histories())
 def test_generated_turns_are_the_atomic_groups(h: History) -> None:
     # The properties below use the generator's turns as the oracle; make sure it agrees with
-    # worker.groups, which the strategies rely on.
+    # worker.core.groups, which the strategies rely on.
     assert [[m.id for m in h.messages[g.start : g.end]] for g in group_messages(h.messages)] == [
         ids(turn) for turn in h.turns
     ]
@@ -566,6 +566,6 @@ def test_no_content_makes_a_strategy_fail(messages: list[Message], bound: int) -
         if messages:
             assert out[-1] is messages[-1]
         kept = {id(m) for m in out}
-        for g in groups:  # whole groups, by worker.groups' own account
+        for g in groups:  # whole groups, by worker.core.groups' own account
             inside = [id(messages[i]) in kept for i in g.indices()]
             assert all(inside) or not any(inside)

@@ -32,10 +32,10 @@ from follower_support import (  # noqa: F401 - fixtures
 from http_support import Stack
 from service_support import redis_server, redis_url  # noqa: F401 - fixtures
 
-from worker import keys
 from worker.api.webhooks import GROUP
+from worker.backend import keys
+from worker.backend.embedded import EmbeddedRedis
 from worker.client import Client
-from worker.embedded import EmbeddedRedis
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import token_bounds
 from worker.compress.tally import TokenTally, is_split_point
-from worker.token_bounds import (
+from worker.tokens import bounds as token_bounds
+from worker.tokens import count_tokens, cut_to_tokens, get_encoding, tokenizer_for
+from worker.tokens.bounds import (
     RUN_LIMIT,
     SEGMENT_CHARS,
     bounded_count,
@@ -25,7 +26,6 @@ from worker.token_bounds import (
     split_points,
     utf8_bytes,
 )
-from worker.tokens import count_tokens, cut_to_tokens, get_encoding, tokenizer_for
 
 ENCODINGS = ["o200k_base", "cl100k_base"]
 MODELS = {"o200k_base": None, "cl100k_base": "gpt-4"}

@@ -25,8 +25,8 @@ from store_support import (  # noqa: F401 - fixtures
 )
 
 from worker.errors import InvalidSnapshot, StorageError, TranscriptConflict
-from worker.stores.filesystem import FileStore
 from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, transcript_name
+from worker.transcripts.filesystem import FileStore
 
 
 def eid(n: int) -> str:

@@ -22,8 +22,8 @@ import pytest
 import redis
 from fault_support import wait_until
 
-from worker.celery_app import make_app
 from worker.config import load_settings, with_redis_url
+from worker.runtime.celery_app import make_app
 
 pytestmark = pytest.mark.slow
 
@@ -226,7 +226,7 @@ def test_up_restarts_a_killed_worker_and_sigterm_stops_everything(up: Up, tmp_pa
 def test_supervisor_backs_off_a_child_that_keeps_exiting_and_stop_ends_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from worker.cli_service import Supervisor
+    from worker.runtime.supervisor import Supervisor
 
     crash = [sys.executable, "-c", "import sys; sys.exit(3)"]
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -296,7 +296,7 @@ def test_up_refuses_a_port_in_use_before_starting_anything(tmp_path: Path, flag:
 def test_embedded_redis_never_joins_a_server_already_on_its_port(tmp_path: Path) -> None:
     """Even past the check (another server binding in between), ``EmbeddedRedis`` makes sure the
     Redis answering on its port is its own process, and stops its own."""
-    from worker.embedded import EmbeddedRedis
+    from worker.backend.embedded import EmbeddedRedis
     from worker.errors import UsageError
 
     with EmbeddedRedis(directory=tmp_path / "first") as url:

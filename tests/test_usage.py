@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from worker.config import Settings
+from worker.core.projection import count_message_tokens
 from worker.errors import InvalidSnapshot
-from worker.events import CompletedEvent, SkippedEvent
 from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
-from worker.projection import count_message_tokens
 from worker.reuse import Reuse
-from worker.snapshots import parse_snapshot
-from worker.stores.filesystem import FileStore
 from worker.tokens import CalibratedEstimateTokenizer, TiktokenTokenizer, tokenizer_for
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompletedEvent, SkippedEvent
+from worker.wire.snapshots import parse_snapshot
 
 if TYPE_CHECKING:
     from conftest import CliRunner

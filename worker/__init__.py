@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in ("app", "celery"):
-        from worker.celery_app import app
+        from worker.runtime.celery_app import app
 
         return app
     raise AttributeError(f"module 'worker' has no attribute {name!r}")

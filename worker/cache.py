@@ -3,7 +3,7 @@ cost only its new messages (token counts, compressed tool results).
 
 While a cache's :class:`Recorder` is recording (per thread or task: a context variable), every
 entry an evaluation reads or computes is noted under the cache's name, so that the entries can
-travel to another worker process with the conversation (:mod:`worker.memo`) and be
+travel to another worker process with the conversation (:mod:`worker.reuse.memo`) and be
 :meth:`preloaded <ContentCache.preload>` there. The caches and their recorder belong to one
 :class:`worker.reuse.Reuse`, which a process owns and passes down.
 """

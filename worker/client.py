@@ -22,24 +22,9 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from worker import formats, keys
-from worker.config import CompactionConfig, Settings, load_settings
-from worker.errors import (
-    BrokerUnavailable,
-    CompactorError,
-    ConfigError,
-    EventMismatch,
-    InvalidSnapshot,
-    RedisUnavailable,
-    StorageError,
-)
-from worker.events import OUTCOME_TYPES, CompactionEvent, CompletedEvent, parse_event
-from worker.history import apply_compaction
-from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE, MAX_REVISION, WireFormat
-from worker.projection import CompressionCache, ProjectionPolicy
-from worker.projection import project as project_messages
-from worker.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
-from worker.redis_state import (
+from worker.backend import keys
+from worker.backend.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
+from worker.backend.redis_state import (
     RedisState,
     SubmitResult,
     anewest_id,
@@ -49,8 +34,29 @@ from worker.redis_state import (
     state_url,
     stream_entries,
 )
-from worker.snapshots import decode_json, encode_json, media_rules
+from worker.config import CompactionConfig, Settings, load_settings
+from worker.core.projection import CompressionCache, ProjectionPolicy
+from worker.core.projection import project as project_messages
+from worker.errors import (
+    BrokerUnavailable,
+    CompactorError,
+    ConfigError,
+    EventMismatch,
+    InvalidSnapshot,
+    RedisUnavailable,
+    StorageError,
+)
 from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, open_store
+from worker.wire import formats
+from worker.wire.events import OUTCOME_TYPES, CompactionEvent, CompletedEvent, parse_event
+from worker.wire.history import apply_compaction
+from worker.wire.models import (
+    CONVERSATION_ID_PATTERN,
+    CONVERSATION_ID_RULE,
+    MAX_REVISION,
+    WireFormat,
+)
+from worker.wire.snapshots import decode_json, encode_json, media_rules
 
 __all__ = [
     "BrokerUnavailable",

@@ -159,7 +159,7 @@ class LLMConfig(_Strict):
 
 
 # What a [redis] url may start with: one Redis (redis-py's forms), a Redis Cluster, or the
-# master a Sentinel names (worker/redis_target.py).
+# master a Sentinel names (worker/backend/redis_target.py).
 REDIS_SCHEMES = (
     "redis",
     "rediss",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -79,9 +80,13 @@ def _running(
     http_port: int | None,
     timeout_s: float,
 ) -> Iterator[LocalStack]:
-    from worker.cli_service import running_services, wait_for_workers
+    from worker.api.auth import serving_keys
+    from worker.runtime.fleet import wait_for_workers
+    from worker.runtime.supervisor import running_services
 
     settings = load_settings(config)
+    if http_port is not None:
+        serving_keys(settings, os.environ)  # no keys: refused before anything starts
     with running_services(
         settings,
         str(config) if config else None,

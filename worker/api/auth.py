@@ -26,7 +26,7 @@ from typing import Any
 
 from worker.config import Settings
 from worker.errors import ConfigError, InvalidSnapshot
-from worker.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE
+from worker.wire.models import CONVERSATION_ID_PATTERN, CONVERSATION_ID_RULE
 
 API_KEYS_ENV = "COMPACTOR_API_KEYS"
 OPEN_TENANT = "anonymous"  # every request's tenant when authentication is off

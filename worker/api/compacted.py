@@ -3,7 +3,7 @@
 
 An agent that keeps its full history (every proxied request, many HTTP clients) needs every
 compaction so far applied to it before it goes to the model. The conversation's composed
-compaction (``cw:{conv}:composed``, :mod:`worker.composed`) does that in one step however many
+compaction (``cw:{conv}:composed``, :mod:`worker.wire.composed`) does that in one step however many
 compactions there were; a history that is not the full one (the agent applied some events
 itself) falls back to the completed events still in the stream, applied in order where they
 match. Either way, what was applied and the conversation's newest outcome are reported, so the
@@ -20,12 +20,13 @@ import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from worker import keys
-from worker.api.app import Api, ApiError, _api, _json_body, _known_id, _redis
-from worker.composed import ComposedCompaction, apply_composed
+from worker.api.common import ApiError, aredis_errors, json_body, known_id
+from worker.api.state import Api, api_of
+from worker.backend import keys
 from worker.errors import EventMismatch
-from worker.events import OUTCOME_TYPES, CompletedEvent, parse_event
-from worker.history import apply_compaction
+from worker.wire.composed import ComposedCompaction, apply_composed
+from worker.wire.events import OUTCOME_TYPES, CompletedEvent, parse_event
+from worker.wire.history import apply_compaction
 
 # How many of the newest stream entries are read for the conversation's newest outcome: an
 # evaluation publishes at most its elided event before its outcome.
@@ -127,7 +128,7 @@ def _apply_matching(
 
 
 async def _read(api: Api, internal: str) -> tuple[bytes | None, list[Any]]:
-    with _redis("reading the conversation's compactions"):
+    with aredis_errors("reading the conversation's compactions"):
         pipe = api.aredis.pipeline(transaction=False)
         pipe.get(keys.composed(internal))
         pipe.xrevrange(keys.events(internal), count=_OUTCOME_SCAN)
@@ -177,10 +178,10 @@ def _sf_string(text: str) -> str:
 async def compacted_route(request: Request) -> Response:
     """``POST /v1/conversations/{id}/compacted`` with ``{"format": ..., "messages": [...]}``:
     the history to send to the model, with the conversation's compactions applied."""
-    api = _api(request)
+    api = api_of(request)
     tenant = api.tenant(request)
-    internal = _known_id(tenant, request)
-    doc = _json_body(await api.body(request), api.body_limit)
+    internal = known_id(tenant, request)
+    doc = json_body(await api.body(request), api.body_limit)
     if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
         raise ApiError.of(422, "invalid_request", "messages: a list of messages is required")
     if not all(isinstance(m, dict) for m in doc["messages"]):

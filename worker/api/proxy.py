@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio.to_thread
 import httpx
@@ -29,15 +29,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from worker import formats, keys
-from worker.api.app import ApiError, _json_body
-from worker.api.auth import bearer
+from worker.api.auth import Tenant, bearer
+from worker.api.common import ApiError, json_body
 from worker.api.compacted import compacted_history
+from worker.api.state import Api
+from worker.backend import keys
 from worker.errors import CompactorError, InvalidSnapshot, TransientError
-
-if TYPE_CHECKING:
-    from worker.api.app import Api
-    from worker.api.auth import Tenant
+from worker.wire import formats
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +189,7 @@ class Proxy:
             internal = tenant.internal(request.headers[CONVERSATION_HEADER])
         except InvalidSnapshot as exc:
             raise ApiError(422, exc.to_dict()) from None
-        body = _json_body(raw, self.api.body_limit)
+        body = json_body(raw, self.api.body_limit)
         history = body.get(upstream.history) if isinstance(body, dict) else None
         if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
             log.info("proxy: %s is not a list of items; forwarded as it came", upstream.history)

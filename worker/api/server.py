@@ -13,7 +13,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from worker.api.app import create_app
 from worker.config import Settings
-from worker.logs import configure_logging, level_from_env
+from worker.ops.logs import configure_logging, level_from_env
 
 
 def _header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:

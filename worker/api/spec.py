@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker.models import CONVERSATION_ID_PATTERN, MAX_REVISION
+from worker.wire.models import CONVERSATION_ID_PATTERN, MAX_REVISION
 
 DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "openapi.json"
 

@@ -32,17 +32,15 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import redis
 
-from worker import keys
 from worker.api.auth import Tenant
-from worker.redis_state import BLOCK_SLICE_MS, entry_event
-
-if TYPE_CHECKING:
-    from worker.api.app import Api
+from worker.api.state import Api
+from worker.backend import keys
+from worker.backend.redis_state import BLOCK_SLICE_MS, entry_event
 
 log = logging.getLogger(__name__)
 

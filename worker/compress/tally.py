@@ -33,8 +33,8 @@ from itertools import count, islice
 
 import tiktoken
 
-from worker.token_bounds import bounded_count
 from worker.tokens import encoding_name_for_model, get_encoding
+from worker.tokens.bounds import bounded_count
 
 _BATCH_BYTES = 8 * 1024  # how much text to count before checking the bounds again
 
@@ -143,7 +143,7 @@ class TokenTally:
         self._newline_tokens = self._len("\n")
 
     def _len(self, text: str) -> int:
-        """tiktoken's count, bounded for an enormous pre-token (:mod:`worker.token_bounds`)."""
+        """tiktoken's count, bounded for an enormous pre-token (:mod:`worker.tokens.bounds`)."""
         return bounded_count(self._encode, text)
 
     def count_text(self, text: str) -> int:

@@ -2,7 +2,7 @@
 
 The pipeline builds a :class:`SummaryRequest` from the range it compacts (per-tool policies
 already applied: omitted calls removed, stripped parts replaced by markers) and asks a
-:class:`Summarizer` for a :class:`~worker.models.Summary`. Both bounds travel in the request:
+:class:`Summarizer` for a :class:`~worker.wire.models.Summary`. Both bounds travel in the request:
 no call carries more than ``max_input_chars`` of conversation text, and the answer never has
 more than ``max_output_tokens`` tokens.
 """
@@ -13,11 +13,10 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker.events import Summary
-from worker.models import Message
+from worker.wire.events import SUMMARY_MARKER, Summary
+from worker.wire.models import Message
 
-# Opens every summary message we publish; the pipeline recognizes earlier summaries by it.
-SUMMARY_MARKER = "[compaction-worker summary]"
+__all__ = ["SUMMARY_MARKER", "Summarizer", "SummaryRequest"]
 
 
 class SummaryRequest(BaseModel):

@@ -12,15 +12,22 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from worker.events import Summary, SummarySection
-from worker.facts import Facts, ToolAction, extract_facts, extract_paths, fix_of, sources_by_path
-from worker.fidelity import is_conclusion, strip_thought
-from worker.files import CHANGE_KINDS
-from worker.media import placeholders
-from worker.models import Message
+from worker.core.facts import (
+    Facts,
+    ToolAction,
+    extract_facts,
+    extract_paths,
+    fix_of,
+    sources_by_path,
+)
+from worker.core.fidelity import is_conclusion, strip_thought
+from worker.core.files import CHANGE_KINDS
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
-from worker.summarize.llm_prompt import without_bytes
+from worker.summarize.prompt import without_bytes
 from worker.tokens import count_tokens, cut_to_tokens
+from worker.wire.events import Summary, SummarySection
+from worker.wire.media import placeholders
+from worker.wire.models import Message
 
 MAX_ACTION_LINES = 40
 MAX_ERRORS = 12

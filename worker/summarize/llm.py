@@ -66,9 +66,8 @@ from worker.errors import (
     LLMTransientError,
     SummaryError,
 )
-from worker.events import Summary
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
-from worker.summarize import llm_prompt as P
+from worker.summarize import prompt as P
 from worker.summarize.providers import HttpCall, Prompt, Provider, provider_for
 from worker.summarize.resilience import (
     CircuitBreaker,
@@ -78,8 +77,9 @@ from worker.summarize.resilience import (
     Secret,
     scrub,
 )
-from worker.token_bounds import SEGMENT_CHARS
 from worker.tokens import count_tokens, cut_to_tokens, encoding_name_for_model, get_encoding
+from worker.tokens.bounds import SEGMENT_CHARS
+from worker.wire.events import Summary
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,0 +1,165 @@
+"""Every Redis key the service uses, built in one place, with its owner and lifetime.
+
+docs/redis-protocol.md documents them for other programs, with what each key holds.
+
+All keys share the ``cw:`` prefix (one Redis can serve other applications too). Conversation
+ids are validated before they get here (1-128 of ``A-Za-z0-9._:-``), so keys cannot collide.
+
+**Key layout 2** (:data:`LAYOUT`). Every key of a conversation carries the conversation id as
+a Redis Cluster *hash tag*, ``cw:{<conv>}:...`` (an id never contains a brace), so all of them
+live in one hash slot and every Lua script, which only ever touches one conversation, runs on
+one node. One layout for every deployment: a standalone Redis or Sentinel-managed one ignores
+the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
+
+| key | type | written by | lifetime |
+|---|---|---|---|
+| ``cw:{conv}:snapshot`` | string (zlib JSON) | submit | ``snapshot_ttl_s`` (newest revision only) |
+| ``cw:{conv}:latest`` | string (int) | submit (max only) | ``snapshot_ttl_s``, renewed by submit |
+| ``cw:{conv}:handled`` | string (int) | evaluate | ``stream_ttl_s`` |
+| ``cw:{conv}:queued`` | string flag | submit (NX) / evaluate (DEL) | ``snapshot_ttl_s`` |
+| ``cw:{conv}:lock`` | string (fencing token) | summarize | lease (``lock_lease_s``), renewed |
+| ``cw:{conv}:fence`` | string (int counter) | summarize | ``stream_ttl_s`` |
+| ``cw:{conv}:rerun`` | string flag | evaluate while locked | ``snapshot_ttl_s`` |
+| ``cw:{conv}:memo`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
+| ``cw:{conv}:last`` | list (event JSON, newest 8) | publish (completed) | ``stream_ttl_s`` |
+| ``cw:{conv}:composed`` | string (JSON, wire.composed) | publish (completed) | ``stream_ttl_s`` |
+| ``cw:{conv}:events`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
+| ``cw:{conv}:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
+| ``cw:{conv}:announce`` | pub/sub channel | publish | none (not stored) |
+| ``cw:{conv}:proxyrev`` | string (int counter) | the HTTP proxy (INCR) | ``stream_ttl_s`` |
+| ``cw:webhooks:{tenant}`` | hash id -> JSON | ``POST /v1/webhooks`` | until deleted |
+| ``cw:recent`` | stream (all conversations) | publish (after the script) | MAXLEN 1000 |
+| ``cw:pending`` | zset conv -> submit time (*) | submit, publish, reconcile | until handled |
+| ``cw:metrics`` | hash of counters | everyone | none (counters) |
+
+**The three global keys** (``cw:recent``, ``cw:pending``, ``cw:metrics``) each live in some
+slot of their own, so no script or transaction that touches a conversation touches them: they
+are written by separate single-key commands, ordered so that a crash between two of them
+leaves nothing lost, only work the reconciler does once more:
+
+- submit: ``ZADD NX cw:pending`` *before* the submit script (a crash after it leaves an entry
+  that the reconciler settles) and again *after* it (so that a publish that removed the entry
+  meanwhile, having seen the older revision, cannot leave the new one unreconciled);
+- publish and settle: ``ZREM cw:pending`` only once the script has seen the revision is the
+  newest, then ``GET cw:{conv}:latest`` again and put the entry back if a newer one came;
+- publish appends to ``cw:recent`` and adds its counters to ``cw:metrics`` right after the
+  script said ``published``. A worker killed in between (microseconds) leaves the event in its
+  conversation's stream but not in ``cw:recent`` (so no webhook) and its counters uncounted.
+
+(*) The reconciler moves a score it acts on: to now when it re-queues the conversation, and for a
+conversation whose lock lease is alive to the time at which that lease would lapse (minus
+``reconcile_after_s``), so it is looked at again then and not on every run.
+
+The events of an evaluation that ends in ``compaction.skipped`` (that one, and its
+``tool_results.elided``) keep their ``published`` flag only as long as a redelivery of that
+evaluation can come (two visibility timeouts plus the reconciler's delay and the evaluate time
+limit), not ``stream_ttl_s``: at a million evaluations a day, a week of flags would be seven
+million keys. Over the threshold the revision stays pending until its compaction, so its
+elided event keeps ``stream_ttl_s``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LAYOUT",
+    "METRICS",
+    "PENDING",
+    "PREFIX",
+    "RECENT",
+    "REJECTED_CONVERSATION",
+    "announce",
+    "composed",
+    "events",
+    "fence",
+    "handled",
+    "last_compaction",
+    "latest",
+    "lock",
+    "memo",
+    "proxy_revision",
+    "published",
+    "queued",
+    "rerun",
+    "snapshot",
+    "webhooks",
+]
+
+PREFIX = "cw:"
+LAYOUT = 2  # docs/redis-protocol.md#key-layout: bumped whenever a key's name or type changes
+REJECTED_CONVERSATION = "_rejected"  # events for snapshots whose own id is invalid
+
+
+def _conversation_key(conversation_id: str, name: str) -> str:
+    """``cw:{<conv>}:<name>``: the braces make the id the key's hash tag (one slot each)."""
+    return f"{PREFIX}{{{conversation_id}}}:{name}"
+
+
+def snapshot(conversation_id: str) -> str:
+    """The payload of the conversation's newest revision (``latest``); older ones are gone."""
+    return _conversation_key(conversation_id, "snapshot")
+
+
+def latest(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "latest")
+
+
+def handled(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "handled")
+
+
+def queued(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "queued")
+
+
+def lock(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "lock")
+
+
+def fence(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "fence")
+
+
+def rerun(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "rerun")
+
+
+def memo(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "memo")
+
+
+def last_compaction(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "last")
+
+
+def composed(conversation_id: str) -> str:
+    """Every completed compaction as one edit of the full history (worker.wire.composed): what a
+    snapshot or proxied request that holds the full history needs, however many compactions
+    there were. Its size is bounded by one compaction's replacement, never by the history."""
+    return _conversation_key(conversation_id, "composed")
+
+
+def events(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "events")
+
+
+def published(conversation_id: str, event_id: str) -> str:
+    return _conversation_key(conversation_id, f"published:{event_id}")
+
+
+def announce(conversation_id: str) -> str:
+    return _conversation_key(conversation_id, "announce")
+
+
+def proxy_revision(conversation_id: str) -> str:
+    """The revision counter of the snapshots the HTTP proxy submits for a conversation."""
+    return _conversation_key(conversation_id, "proxyrev")
+
+
+def webhooks(tenant: str) -> str:
+    """A tenant's webhook registrations (``compactor serve``); only ever read on its own."""
+    return f"{PREFIX}webhooks:{tenant}"
+
+
+RECENT = f"{PREFIX}recent"
+PENDING = f"{PREFIX}pending"
+METRICS = f"{PREFIX}metrics"

@@ -1,0 +1,804 @@
+"""The Redis adapter: claim-checked snapshots, coalescing, the single-flight lock, events.
+
+Every redis-py exception is converted here, once, into :class:`TransientError` (Redis may come
+back) so task retries key on our own error tree. The multi-step updates that must be atomic are
+Lua scripts: a submission records its payload and the conversation's newest revision together;
+publishing checks the fencing token, de-duplicates by event id and appends to the stream in one
+step, so a worker that lost its lease can never publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from worker.backend import keys
+from worker.backend.redis_target import DEFAULT_REDIS_URL, RedisTarget, parse_redis_url
+from worker.config import RedisConfig, Settings, redis_url
+from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
+from worker.wire.composed import ComposedCompaction
+from worker.wire.events import CompactionEvent, CompletedEvent, parse_event
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+RECENT_MAXLEN = 1000
+LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
+
+
+# Raised by the cluster client while slots move or a master fails over (its own retries spent):
+# like a connection error, the cluster may be whole again in a moment.
+_CLUSTER_TRANSIENT = (
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,  # MovedError too: a storm of redirections outlasted the retries
+    redis.exceptions.ClusterError,
+    redis.exceptions.SlotNotCoveredError,  # a master is down: its slots have no node now
+)
+
+
+@contextlib.contextmanager
+def redis_errors(action: str) -> Iterator[None]:
+    """Convert redis-py errors into TransientError (the one place they are converted)."""
+    try:
+        yield
+    except redis.exceptions.NoScriptError:
+        raise
+    except redis.exceptions.AuthenticationError:
+        raise ConfigError(
+            "redis.url",
+            "Redis refused the credentials (check the password or ACL user in COMPACTOR_REDIS_URL)",
+        ) from None
+    except (
+        redis.exceptions.ConnectionError,  # also Sentinel's MasterNotFoundError
+        redis.exceptions.TimeoutError,
+        redis.exceptions.BusyLoadingError,
+        redis.exceptions.ReadOnlyError,
+        *_CLUSTER_TRANSIENT,
+    ) as exc:
+        raise RedisUnavailable(f"redis unavailable while {action}: {type(exc).__name__}") from None
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # RedisClusterException is no RedisError; its other kinds (keys of two slots in one
+        # command) are bugs, reported as such.
+        raise RedisUnavailable(f"redis error while {action}: {exc}", code="redis_error") from None
+
+
+def state_url(settings: Settings) -> str:
+    """Where the state lives: ``[redis] url`` (``COMPACTOR_REDIS_URL``), else a local Redis."""
+    return redis_url(settings) or DEFAULT_REDIS_URL
+
+
+class TransientRetry(Retry):
+    """redis-py's :class:`Retry`, except that refused credentials are not retried.
+
+    ``AuthenticationError`` is a ``ConnectionError`` to redis-py, so the plain policy would back
+    off for ~5 s before saying the password is wrong; a wrong password is not transient.
+    """
+
+    def call_with_retry(
+        self,
+        do: Callable[[], _T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> _T:
+        def transient(error: Exception) -> bool:
+            if isinstance(error, redis.exceptions.AuthenticationError):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, transient, with_failure_count)
+
+
+def _retry() -> Retry:
+    return TransientRetry(ExponentialBackoff(cap=2.0, base=0.1), retries=5)
+
+
+def _tls(target: RedisTarget) -> dict[str, Any]:
+    """TLS to the Sentinels themselves (``rediss+sentinel://``); the master's is in auth()."""
+    return {"ssl": True} if target.tls else {}
+
+
+_sync_cluster: Any = redis.cluster  # partly unannotated
+_sync_sentinel: Any = redis.sentinel
+_async_sentinel: Any = redis.asyncio.sentinel
+_RETRY_ON = [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+
+#: How long any reply may take before its connection is given up for dead: every client's
+#: socket timeout, set explicitly on every kind of client (redis-py's own default is no
+#: timeout before 8.0 and 5 s from 8.0, and differs between its clients).
+READ_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+HEALTH_CHECK_S = 15
+#: The longest ``BLOCK`` of one XREAD/XREADGROUP: its reply is due by then, well within
+#: ``READ_TIMEOUT_S``. A longer wait is several such reads (:func:`block_slices`): a follower
+#: waits as long as it was told, and every connection keeps its read timeout.
+BLOCK_SLICE_MS = 5000
+
+
+def connect(url: str) -> Any:
+    """A client for any form of ``[redis] url``
+    (:func:`worker.backend.redis_target.parse_redis_url`): a standalone Redis, a Redis Cluster
+    or the master a Sentinel names. Each retries a few times with backoff on connection errors
+    (restarts, failovers)."""
+    target = parse_redis_url(url)
+    common: dict[str, Any] = {
+        "socket_timeout": READ_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_S,
+        "retry": _retry(),
+    }
+    if target.kind == "standalone":
+        return redis.Redis.from_url(url, retry_on_error=_RETRY_ON, **common)
+    if target.kind == "cluster":
+        return _PatientCluster(
+            startup_nodes=[_sync_cluster.ClusterNode(h, p) for h, p in target.nodes],
+            **target.auth(),
+            **common,
+        )
+    sentinel = _sync_sentinel.Sentinel(target.nodes, sentinel_kwargs=_sentinel_kwargs(target))
+    return sentinel.master_for(
+        target.service, db=target.db, retry_on_error=_RETRY_ON, **target.auth(), **common
+    )
+
+
+def _sentinel_kwargs(target: RedisTarget) -> dict[str, Any]:
+    """How to talk to the Sentinels themselves (the master's connections are configured apart)."""
+    return {
+        "socket_timeout": READ_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        **_tls(target),
+    }
+
+
+def block_slices(block_ms: int) -> Iterator[int]:
+    """The ``BLOCK`` of each read that together wait ``block_ms`` (0: without end, as Redis
+    means it), each at most :data:`BLOCK_SLICE_MS`. Never 0 itself, which would block forever."""
+    if block_ms < 0:
+        raise ValueError(f"block_ms must be 0 (no end) or more, not {block_ms}")
+    if block_ms == 0:
+        while True:
+            yield BLOCK_SLICE_MS
+    deadline = time.monotonic() + block_ms / 1000
+    left = block_ms
+    while left > 0:
+        yield min(left, BLOCK_SLICE_MS)
+        left = int((deadline - time.monotonic()) * 1000)
+
+
+#: Pauses between the cluster client's attempts while no node answers (about 9 s in all): its
+#: own retries come back at once, so a restart of the cluster's masters would fail a command
+#: that the standalone client (Retry with backoff) rides out.
+CLUSTER_BACKOFF_S = (0.1, 0.2, 0.4, 0.8, 1.5, 2.0, 2.0, 2.0)
+
+
+def _cluster_unreachable(exc: Exception) -> bool:
+    """No node answered (the client could not even learn the slots), or one refused."""
+    if isinstance(exc, redis.exceptions.RedisClusterException):
+        return "cannot be connected" in str(exc)  # redis-py raises its base class for it
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return False  # a ConnectionError to redis-py, but a wrong password stays wrong
+    return isinstance(exc, (*_RETRY_ON, redis.exceptions.ClusterDownError))
+
+
+class _PatientCluster(redis.cluster.RedisCluster):
+    """redis-py's cluster client, with backoff between attempts while the cluster is down."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        for pause_s in CLUSTER_BACKOFF_S:
+            try:
+                return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                if not _cluster_unreachable(exc):
+                    raise
+            time.sleep(pause_s)
+        return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def connect_async(url: str, *, max_connections: int | None = None) -> Any:
+    """:func:`connect` for asyncio code (redis-py's asyncio clients), with the same timeouts and
+    retries. A blocking read waits longer than ``READ_TIMEOUT_S`` in slices: see
+    :func:`await_entries`."""
+    target = parse_redis_url(url)
+    common: dict[str, Any] = {
+        "socket_timeout": READ_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_S,
+    }
+    if max_connections is not None:
+        common["max_connections"] = max_connections
+    # Without a retry policy redis-py's asyncio connections try once: the first command on a
+    # pooled connection that a Redis restart closed would fail. The cluster client has its own.
+    retries: dict[str, Any] = {
+        "retry": _AsyncTransientRetry(ExponentialBackoff(cap=2.0, base=0.1), retries=5),
+        "retry_on_error": _RETRY_ON,
+    }
+    if target.kind == "standalone":
+        return redis.asyncio.Redis.from_url(url, **retries, **common)
+    if target.kind == "cluster":
+        return redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(h, p) for h, p in target.nodes],
+            **target.auth(),
+            **common,
+        )
+    sentinel = _async_sentinel.Sentinel(target.nodes, sentinel_kwargs=_sentinel_kwargs(target))
+    return sentinel.master_for(
+        target.service,
+        redis_class=_AsyncSentinelMaster,
+        db=target.db,
+        **target.auth(),
+        **retries,
+        **common,
+    )
+
+
+class _Refused(Exception):
+    """Carries an AuthenticationError past redis-py's retry loop (it is no redis error)."""
+
+    def __init__(self, error: redis.exceptions.AuthenticationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _AsyncTransientRetry(redis.asyncio.retry.Retry):
+    """:class:`TransientRetry` for the asyncio clients, whose ``Retry`` has no ``is_retryable``
+    before redis-py 8.0: a refused password goes past the retry loop, wrapped."""
+
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        async def attempt() -> Any:
+            try:
+                return await do()
+            except redis.exceptions.AuthenticationError as exc:
+                raise _Refused(exc) from None
+
+        try:
+            return await super().call_with_retry(attempt, fail, *args, **kwargs)
+        except _Refused as refused:
+            raise refused.error from None
+
+
+class _AsyncSentinelMaster(redis.asyncio.Redis):
+    """The master a Sentinel names, whose ``aclose`` closes the connections to the Sentinels
+    too (redis-py leaves them open: one per follower that came and went)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in self.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            await sentinel.aclose()
+
+
+async def await_entries(read: Callable[[int], Awaitable[Any]], block_ms: int) -> Any:
+    """The first reply with entries of ``read(block)`` (an XREAD or XREADGROUP with that
+    ``BLOCK``), called over :func:`block_slices` of ``block_ms``; None once the wait is over.
+
+    The caller's stream ids must be fixed ones (or ``>``), never ``$``: each slice would take
+    ``$`` afresh and miss what arrived in between (:func:`anewest_id` fixes it)."""
+    task = asyncio.current_task()
+    for block in block_slices(block_ms):
+        reply = await read(block)
+        if reply:
+            return reply
+        if task is not None and task.cancelling():
+            # A cancellation that landed inside redis-py's read (its own asyncio.timeout) can
+            # be swallowed there (seen on Python 3.11 under load): honour it between slices.
+            raise asyncio.CancelledError
+    return None
+
+
+async def anewest_id(client: Any, stream: str) -> str:
+    """:meth:`RedisState.newest_id` on an asyncio client."""
+    return _newest(await client.xrevrange(stream, count=1))
+
+
+def _newest(entries: list[Any]) -> str:
+    return _text(entries[0][0]) if entries else "0-0"
+
+
+def stream_entries(reply: Any, stream: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """The entries of an XREAD/XREADGROUP reply as (entry id, event), oldest first; the event
+    is None, after a warning, for an entry that holds no JSON object (a reader moves past it
+    instead of stopping on it)."""
+    return [
+        (_text(entry_id), entry_event(entry_id, fields, stream))
+        for _stream, entries in reply or []
+        for entry_id, fields in entries
+    ]
+
+
+def entry_event(entry_id: Any, fields: Any, stream: str) -> dict[str, Any] | None:
+    """The ``event`` field of a stream entry as a JSON object, or None (with a warning)."""
+    raw = fields.get(b"event") if isinstance(fields, dict) else None
+    try:
+        doc = json.loads(raw) if raw is not None else None
+    except ValueError:  # not JSON, or not UTF-8
+        doc = None
+    if isinstance(doc, dict):
+        return doc
+    log.warning("skipping entry %s of %s: not a JSON event", _text(entry_id), stream)
+    return None
+
+
+# Every script touches one conversation's keys only, all passed in KEYS and all in the slot of
+# the conversation's hash tag (worker.backend.keys): on a Redis Cluster each runs on one node. The
+# global keys (cw:pending, cw:recent, cw:metrics) are written around the scripts (keys.py).
+
+_SUBMIT = """
+local latest = tonumber(redis.call('GET', KEYS[2]) or '-1')
+local handled = tonumber(redis.call('GET', KEYS[4]) or '-1')
+local rev = tonumber(ARGV[2])
+if rev < latest or rev <= handled then return {'superseded', math.max(latest, handled)} end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+if redis.call('SET', KEYS[3], ARGV[2], 'NX', 'EX', ARGV[3]) then return {'queued', rev} end
+return {'coalesced', rev}
+"""
+
+# Undoes a 'queued' submit whose task message could not be sent, so that the next submission
+# queues afresh rather than coalescing into a task that does not exist. Only if the flag still
+# holds that revision: an evaluation may have taken it meanwhile (the reconciler's) and another
+# submission set it again. Should that one carry the same revision, it loses its flag while
+# its task exists, which costs at most one extra evaluation later: never a flag without a task.
+_UNQUEUE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_PUBLISH = """
+if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return {'lease_lost', 0} end
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return {'duplicate', 0} end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[12], ARGV[1])
+local newest = 0
+if ARGV[6] ~= '' then
+  local handled = tonumber(redis.call('GET', KEYS[4]) or '-1')
+  if tonumber(ARGV[6]) > handled then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[3]) end
+  local latest = tonumber(redis.call('GET', KEYS[6]) or '-1')
+  if tonumber(ARGV[6]) >= latest then newest = 1 end
+end
+if ARGV[9] ~= '' then
+  redis.call('HSET', KEYS[7], 'd', ARGV[11], 'b', ARGV[9])
+  redis.call('EXPIRE', KEYS[7], ARGV[10])
+end
+if ARGV[7] == '1' then
+  redis.call('LPUSH', KEYS[5], ARGV[1])
+  redis.call('LTRIM', KEYS[5], 0, ARGV[8] - 1)
+  redis.call('EXPIRE', KEYS[5], ARGV[3])
+  if ARGV[13] ~= '' then redis.call('SET', KEYS[8], ARGV[13], 'EX', ARGV[3]) end
+end
+return {'published', newest}
+"""
+
+_TAKE = """
+redis.call('DEL', KEYS[1])
+local latest = redis.call('GET', KEYS[2])
+local handled = redis.call('GET', KEYS[3]) or '-1'
+if not latest or tonumber(latest) <= tonumber(handled) then return {latest or false, handled} end
+local payload = redis.call('GET', KEYS[6])
+local digest = redis.call('HGET', KEYS[5], 'd')
+local memo = false
+if digest and digest ~= ARGV[1] then memo = redis.call('HGET', KEYS[5], 'b') end
+return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), digest or false,
+        memo, redis.call('GET', KEYS[7]) or false}
+"""
+
+_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+return tostring(token)
+"""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+SubmitStatus = Literal["queued", "coalesced", "superseded"]
+PublishStatus = Literal["published", "duplicate"]
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    status: SubmitStatus
+    revision: int  # the conversation's newest revision now known
+
+
+@dataclass(frozen=True)
+class Work:
+    latest: int | None  # newest submitted revision (None: nothing, or expired)
+    handled: int  # newest revision with an outcome
+    payload: bytes | None = None  # the newest snapshot, when there is work to do
+    compactions: list[CompletedEvent] = field(default_factory=list)  # oldest first
+    # The conversation's evaluation memo (worker.reuse.memo): its digest, and its bytes unless the
+    # caller already knew that digest.
+    memo_digest: str | None = None
+    memo: bytes | None = None
+    # Every compaction so far as one edit of the full history (worker.wire.composed), if any.
+    composed: ComposedCompaction | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.latest is not None and self.latest > self.handled
+
+
+class RedisState:
+    """The service's state in Redis. Thread-safe (redis-py pools connections)."""
+
+    def __init__(self, client: redis.Redis, config: RedisConfig) -> None:
+        self.client: Any = client  # redis-py's reply types are too loose to type usefully
+        self.config = config
+        self._submit = client.register_script(_SUBMIT)
+        self._publish = client.register_script(_PUBLISH)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._take = client.register_script(_TAKE)
+        self._release = client.register_script(_RELEASE)
+        self._unqueue = client.register_script(_UNQUEUE)
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def store_snapshot(self, conversation_id: str, revision: int, payload: bytes) -> SubmitResult:
+        """Claim check: the payload stays in Redis; the broker message carries only ids."""
+        ttl = self.config.snapshot_ttl_s
+        packed = zlib.compress(payload, 1)
+        now = time.time()
+        with redis_errors("storing a snapshot"):
+            # Pending before the snapshot exists (a crash after this leaves an entry the
+            # reconciler settles), and again after it: a publish may have removed the entry
+            # in between, having seen the older revision as the newest (keys.py).
+            self.client.zadd(keys.PENDING, {conversation_id: now}, nx=True)
+            status, rev = self._submit(
+                keys=[
+                    keys.snapshot(conversation_id),
+                    keys.latest(conversation_id),
+                    keys.queued(conversation_id),
+                    keys.handled(conversation_id),
+                ],
+                args=[packed, revision, ttl],
+            )
+            if _text(status) != "superseded":
+                self.client.zadd(keys.PENDING, {conversation_id: now}, nx=True)
+        return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
+
+    def unqueue(self, conversation_id: str, revision: int) -> bool:
+        """Clear the queued flag that ``store_snapshot`` set for ``revision`` (its task could
+        not be sent), if it is still that one; whether it was cleared."""
+        with redis_errors("clearing the queued flag"):
+            cleared = self._unqueue(keys=[keys.queued(conversation_id)], args=[revision])
+        return bool(cleared)
+
+    def take_work(self, conversation_id: str, *, known_memo: str = "") -> Work:
+        """In one round trip: clear the queued flag (later submissions enqueue afresh), and read
+        the newest and handled revisions, the newest snapshot, the recent compactions and the
+        evaluation memo (its bytes only when its digest is not ``known_memo``)."""
+        with redis_errors("reading the conversation's work"):
+            reply = self._take(
+                keys=[
+                    keys.queued(conversation_id),
+                    keys.latest(conversation_id),
+                    keys.handled(conversation_id),
+                    keys.last_compaction(conversation_id),
+                    keys.memo(conversation_id),
+                    keys.snapshot(conversation_id),
+                    keys.composed(conversation_id),
+                ],
+                args=[known_memo],
+            )
+        latest = int(reply[0]) if reply[0] else None
+        handled = int(reply[1])
+        if len(reply) < 3:
+            return Work(latest=latest, handled=handled)
+        payload = zlib.decompress(reply[2]) if reply[2] else None
+        compactions = _completed_events(reversed(reply[3]))
+        return Work(
+            latest=latest,
+            handled=handled,
+            payload=payload,
+            compactions=compactions,
+            memo_digest=_text(reply[4]) if reply[4] else None,
+            memo=reply[5] or None,
+            composed=_composed(reply[6], compactions),
+        )
+
+    def handled_revision(self, conversation_id: str) -> int:
+        with redis_errors("reading the handled revision"):
+            value = self.client.get(keys.handled(conversation_id))
+        return int(value) if value is not None else -1
+
+    def acquire_lock(self, conversation_id: str, lease_s: float) -> str | None:
+        """A fencing token when this worker now holds the conversation, else None."""
+        with redis_errors("taking the conversation lock"):
+            token = self._acquire(
+                keys=[keys.lock(conversation_id), keys.fence(conversation_id)],
+                args=[int(lease_s * 1000), self.config.stream_ttl_s],
+            )
+        return _text(token) if token else None
+
+    def renew_lock(self, conversation_id: str, token: str, lease_s: float) -> bool:
+        with redis_errors("renewing the conversation lock"):
+            return bool(
+                self._renew(keys=[keys.lock(conversation_id)], args=[token, int(lease_s * 1000)])
+            )
+
+    def release_lock(self, conversation_id: str, token: str) -> None:
+        with redis_errors("releasing the conversation lock"):
+            self._release(keys=[keys.lock(conversation_id)], args=[token])
+
+    def lock_ttl_s(self, conversation_id: str) -> float:
+        """Seconds left on the conversation's lock lease; 0 when nobody holds it."""
+        with redis_errors("checking the conversation lock"):
+            ms = int(self.client.pttl(keys.lock(conversation_id)))
+        return max(ms, 0) / 1000
+
+    def request_rerun(self, conversation_id: str) -> None:
+        with redis_errors("flagging a re-evaluation"):
+            self.client.set(keys.rerun(conversation_id), 1, ex=self.config.snapshot_ttl_s)
+
+    def take_rerun(self, conversation_id: str) -> bool:
+        with redis_errors("reading the re-evaluation flag"):
+            return self.client.getdel(keys.rerun(conversation_id)) is not None
+
+    @contextlib.contextmanager
+    def lease(self, conversation_id: str, token: str, lease_s: float) -> Iterator[threading.Event]:
+        """Keep the lock alive while the body runs; the yielded event is set if it was lost."""
+        lost = threading.Event()
+        stop = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(lease_s / 3):
+                try:
+                    if not self.renew_lock(conversation_id, token, lease_s):
+                        lost.set()
+                        return
+                except TransientError:
+                    continue  # Redis blinked; the publish check is the final word
+
+        thread = threading.Thread(target=renew, name=f"lease-{conversation_id}", daemon=True)
+        thread.start()
+        try:
+            yield lost
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        event: CompactionEvent,
+        *,
+        fencing_token: str | None = None,
+        handled_revision: int | None = None,
+        counters: dict[str, float] | None = None,
+        memo: bytes | None = None,
+        memo_digest: str = "",
+        dedup_ttl_s: int | None = None,
+        composed: ComposedCompaction | None = None,
+    ) -> PublishStatus:
+        """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
+        record the handled revision, add ``counters`` and store the conversation's evaluation
+        ``memo``. Raises LeaseLost if the fencing token is stale.
+
+        ``dedup_ttl_s``: how long the event id is remembered against a second publish (default
+        ``stream_ttl_s``); an event that only a redelivery could publish again needs it only as
+        long as a redelivery can come. ``composed``: with a completed event, every compaction
+        so far as one edit (stored in the same step, so it always includes the newest)."""
+        conv = event.conversation_id
+        is_completed = event.type == "compaction.completed"
+        as_json = event.to_json()
+        with redis_errors("publishing an event"):
+            status, newest = self._publish(
+                keys=[
+                    keys.events(conv),
+                    keys.published(conv, event.event_id),
+                    keys.lock(conv),
+                    keys.handled(conv),
+                    keys.last_compaction(conv),
+                    keys.latest(conv),
+                    keys.memo(conv),
+                    keys.composed(conv),
+                ],
+                args=[
+                    as_json,
+                    dedup_ttl_s or self.config.stream_ttl_s,
+                    self.config.stream_ttl_s,
+                    self.config.stream_maxlen,
+                    fencing_token or "",
+                    "" if handled_revision is None else handled_revision,
+                    "1" if is_completed else "0",
+                    LAST_COMPACTIONS,
+                    memo or "",
+                    self.config.snapshot_ttl_s,
+                    memo_digest,
+                    keys.announce(conv),
+                    composed.to_json() if composed is not None and is_completed else "",
+                ],
+            )
+        status = _text(status)
+        if status == "lease_lost":
+            raise LeaseLost(f"lost the lock on {conv} before publishing; not published")
+        if status == "published":
+            self._fan_out(as_json, counters or {})
+            if newest and handled_revision is not None:
+                self._forget_pending(conv, handled_revision)
+        return status  # type: ignore[return-value]
+
+    def _fan_out(self, as_json: str, counters: dict[str, float]) -> None:
+        """The global side of a publish, after it (keys.py): the all-conversations stream and
+        the counters, in one round trip."""
+        with redis_errors("publishing an event"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(keys.RECENT, {"event": as_json}, maxlen=RECENT_MAXLEN, approximate=True)
+            for name, amount in counters.items():
+                pipe.hincrbyfloat(keys.METRICS, name, amount)
+            pipe.execute()
+
+    def _forget_pending(self, conversation_id: str, revision: int | None) -> None:
+        """Remove the conversation from ``cw:pending`` (its newest revision, ``revision``, or
+        with None its expired snapshot, is settled), and put it back at once if a submission
+        raised ``latest`` meanwhile: that submission may have found the entry still there."""
+        with redis_errors("updating pending conversations"):
+            self.client.zrem(keys.PENDING, conversation_id)
+            if not _settled(self.client.get(keys.latest(conversation_id)), revision):
+                self.client.zadd(keys.PENDING, {conversation_id: time.time()}, nx=True)
+
+    def is_published(self, conversation_id: str, event_id: str) -> bool:
+        with redis_errors("checking an event"):
+            return bool(self.client.exists(keys.published(conversation_id, event_id)))
+
+    def read_events(
+        self,
+        conversation_id: str,
+        *,
+        after: str = "0",
+        block_ms: int | None = None,
+        count: int = 100,
+    ) -> list[tuple[str, dict[str, Any] | None]]:
+        """Events after stream id ``after`` (``"0"`` for all), oldest first. With ``block_ms``,
+        waits that long (0: until one comes) when there is none yet. An entry that holds no
+        JSON event comes with None (and a warning), so that a reader moves past it."""
+        stream = keys.events(conversation_id)
+        if block_ms is not None and after == "$":
+            after = self.newest_id(conversation_id)
+        reply = None
+        for block in [None] if block_ms is None else block_slices(block_ms):
+            with redis_errors("reading events"):
+                reply = self.client.xread({stream: after}, count=count, block=block)
+            if reply:
+                break
+        return stream_entries(reply, stream)
+
+    def newest_id(self, conversation_id: str) -> str:
+        """The id of the conversation's newest event (``0-0`` if none): what ``$`` means now,
+        fixed, for a follower that reads more than once."""
+        with redis_errors("reading events"):
+            return _newest(self.client.xrevrange(keys.events(conversation_id), count=1))
+
+    def recent_events(self, count: int = 20) -> list[dict[str, Any]]:
+        with redis_errors("reading recent events"):
+            entries = self.client.xrevrange(keys.RECENT, count=count)
+        readable = (entry_event(i, fields, keys.RECENT) for i, fields in entries)
+        return [event for event in readable if event is not None]
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    def stale_pending(self, older_than_s: float, limit: int = 500) -> list[str]:
+        """Conversations submitted more than ``older_than_s`` ago whose newest revision has no
+        outcome yet."""
+        with redis_errors("reading pending conversations"):
+            members = self.client.zrangebyscore(
+                keys.PENDING, 0, time.time() - older_than_s, start=0, num=limit
+            )
+        return [_text(m) for m in members]
+
+    def settle_pending(self, conversation_id: str, revision: int | None) -> None:
+        """Stop reconciling the conversation: its ``revision`` has a final outcome (or, with
+        None, its snapshot expired) and nothing newer was submitted meanwhile."""
+        with redis_errors("updating pending conversations"):
+            latest = self.client.get(keys.latest(conversation_id))
+        if _settled(latest, revision):
+            self._forget_pending(conversation_id, revision)
+
+    def reschedule_pending(self, due: dict[str, float]) -> None:
+        """Set, in one round trip, when the reconciler next looks at each conversation (a time
+        ``reconcile_after_s`` before it, as scores are submit times); only conversations still
+        pending are updated."""
+        if due:
+            with redis_errors("updating pending conversations"):
+                self.client.zadd(keys.PENDING, due, xx=True)
+
+    def lease_ttls_s(self, conversation_ids: list[str]) -> list[float]:
+        """:meth:`lock_ttl_s` of each conversation, in one round trip."""
+        with redis_errors("checking conversation locks"):
+            pipe = self.client.pipeline(transaction=False)
+            for conversation_id in conversation_ids:
+                pipe.pttl(keys.lock(conversation_id))
+            replies = pipe.execute()
+        return [max(int(ms), 0) / 1000 for ms in replies]
+
+    def incr(self, counter: str, amount: float = 1) -> None:
+        """Best effort: a metric must never fail the work it measures."""
+        with contextlib.suppress(TransientError), redis_errors("counting"):
+            self.client.hincrbyfloat(keys.METRICS, counter, amount)
+
+    def incr_many(self, counters: dict[str, float]) -> None:
+        with contextlib.suppress(TransientError), redis_errors("counting"):
+            pipe = self.client.pipeline(transaction=False)
+            for name, amount in counters.items():
+                pipe.hincrbyfloat(keys.METRICS, name, amount)
+            pipe.execute()
+
+    def counters(self) -> dict[str, float]:
+        with redis_errors("reading metrics"):
+            raw = self.client.hgetall(keys.METRICS)
+        return {_text(k): float(v) for k, v in raw.items()}
+
+
+def _completed_events(stored: Iterable[bytes]) -> list[CompletedEvent]:
+    """The compactions kept in ``cw:{conv}:last``, read tolerantly: one that cannot be read (written
+    by a newer version, or damaged) is left out with a warning, never fails the evaluation."""
+    out = []
+    for raw in stored:
+        try:
+            event = parse_event(raw)
+        except ValueError:
+            log.warning("ignoring an unreadable compaction event in cw:{conv}:last", exc_info=True)
+            continue
+        if isinstance(event, CompletedEvent):
+            out.append(event)
+    return out
+
+
+def _composed(stored: bytes | None, compactions: list[CompletedEvent]) -> ComposedCompaction | None:
+    """The stored composition, when it can be read and includes the newest compaction kept in
+    ``cw:{conv}:last`` (a worker of a version before it existed may have published since)."""
+    if not stored:
+        return None
+    try:
+        composed = ComposedCompaction.model_validate_json(stored)
+    except ValueError:
+        log.warning("ignoring an unreadable cw:{conv}:composed", exc_info=True)
+        return None
+    if compactions and compactions[-1].event_id != composed.event_id:
+        return None
+    return composed
+
+
+def _settled(latest: bytes | None, revision: int | None) -> bool:
+    """Whether nothing newer than ``revision`` (None: nothing at all) was submitted, given the
+    conversation's ``latest``."""
+    if revision is None:
+        return latest is None
+    return latest is not None and int(latest) <= revision
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,121 @@
+"""The commands that talk to a running service through Redis: submit, events, status,
+metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from worker.cli.common import say_start, say_start_if_asked, settings_of
+from worker.config import (
+    mask_url,
+)
+from worker.runtime.fleet import active_queues, classify_workers
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from worker.cli.common import read_input
+    from worker.client import Client
+
+    settings = settings_of(args)
+    say_start_if_asked("submit", settings, args)
+    client = Client(settings)
+    try:
+        for path in args.snapshots:
+            data = read_input(path, settings.compaction.max_snapshot_bytes)
+            result = client.submit(data)
+            print(
+                json.dumps({"snapshot": path, "status": result.status, "revision": result.revision})
+            )
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from worker.client import Client
+
+    settings = settings_of(args)
+    say_start_if_asked("events", settings, args)
+    client = Client(settings)
+    try:
+        for entry_id, event in client.events(
+            args.conversation_id, after=args.after, follow=args.follow
+        ):
+            line = json.loads(event.to_json())
+            line["stream_id"] = entry_id
+            print(json.dumps(line, ensure_ascii=False), flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from worker.backend.queues import broker_kind, broker_url, queue_lengths
+    from worker.backend.redis_state import RedisState, connect, state_url
+    from worker.runtime.celery_app import QUEUES, make_app
+
+    settings = settings_of(args)
+    say_start_if_asked("status", settings, args)
+    state = RedisState(connect(state_url(settings)), settings.redis)
+    app = make_app(settings)
+    try:
+        counters = state.counters()  # first: Redis' refusal of a password names redis.url
+        queues = queue_lengths(broker_url(settings))
+        active = active_queues(app, timeout_s=1.0)
+        kinds = classify_workers(active)
+        consumed = {
+            q.get("name") for qs in active.values() for q in qs or [] if isinstance(q, dict)
+        }
+        missing = sorted(kind for kind, nodes in kinds.items() if not nodes)
+        doc = {
+            "redis": mask_url(state_url(settings)),
+            "broker": mask_url(broker_url(settings)),
+            "broker_kind": broker_kind(broker_url(settings)),
+            "queues": queues,
+            "workers": sorted(active),
+            "kinds": kinds,
+            "missing_kinds": missing,
+            "queues_without_consumer": [q for q in QUEUES if q not in consumed],
+            "counters": counters,
+            "recent_events": [
+                {k: e.get(k) for k in ("type", "conversation_id", "revision", "created_at")}
+                for e in state.recent_events(args.recent)
+            ],
+        }
+        print(json.dumps(doc, indent=2))
+        if missing:
+            print(
+                json.dumps({"error": "no worker answers for: " + ", ".join(missing)}),
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    finally:
+        app.close()
+        state.client.close()
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from worker.backend.queues import broker_url, queue_lengths
+    from worker.backend.redis_state import RedisState, connect, state_url
+    from worker.ops.metrics import render_prometheus, serve
+
+    settings = settings_of(args)
+    if args.serve is None:
+        say_start_if_asked("metrics", settings, args)
+    else:
+        say_start("metrics", settings)
+    state = RedisState(connect(state_url(settings)), settings.redis)
+
+    def render() -> str:
+        return render_prometheus(state.counters(), queue_lengths(broker_url(settings)))
+
+    if args.serve is None:
+        sys.stdout.write(render())
+        return 0
+    serve(render, port=args.serve, host=args.host)
+    return 0

@@ -1,0 +1,315 @@
+"""Planning a summary compaction: which range, what is carried verbatim, what is summarized.
+
+Pure functions over normalized messages. When the trigger fires: leading system messages stay;
+the range ends before the protected tail (the newest group, and an unfinished tool exchange);
+the newest user turns (up to ``preserve_recent_user_tokens``, at least one) and the last
+``preserve_recent_delegation_results`` delegation results are carried verbatim into the
+replacement, in order, before the summary. Per-tool hints are resolved here, once, and frozen
+into the event (docs/configuration.md, "Per-tool hints"): ``keep`` carries a call whole,
+``strip*`` carries it with parts replaced by markers, ``omit`` drops it from the replacement and
+from the summary input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from worker.config import CompactionConfig, ToolConfig, ToolHint
+from worker.core.groups import Group, group_messages, leading_system_count, protected_tail_start
+from worker.wire.events import SUMMARY_MARKER, ToolCallPolicy
+from worker.wire.models import Message, ToolCall
+
+STRIPPED_ARGUMENTS = '{"_compacted": "arguments stripped"}'
+STRIPPED_RESPONSE = "[compacted: tool output stripped]"
+
+_HINT_POLICIES: dict[ToolHint, ToolCallPolicy] = {
+    "keep": ToolCallPolicy(policy="strip", request=False, response=False),
+    "strip": ToolCallPolicy(policy="strip", request=True, response=True),
+    "strip-requests": ToolCallPolicy(policy="strip", request=True, response=False),
+    "strip-responses": ToolCallPolicy(policy="strip", request=False, response=True),
+    "omit": ToolCallPolicy(policy="omit"),
+}
+
+
+@dataclass(frozen=True)
+class ToolPolicies:
+    """Frozen at creation: ``default`` for tools without a hint (None: summarize them)."""
+
+    default: ToolCallPolicy | None = None
+    overrides: dict[str, ToolCallPolicy] = field(default_factory=dict)
+
+    def for_tool(self, name: str) -> ToolCallPolicy | None:
+        return self.overrides.get(name, self.default)
+
+
+def resolve_tool_policies(tools: dict[str, ToolConfig]) -> ToolPolicies:
+    """``[conversation.tools.NAME] compaction`` hints -> policies; ``"*"`` sets the default."""
+    overrides = {
+        name: _HINT_POLICIES[cfg.compaction]
+        for name, cfg in sorted(tools.items())
+        if name != "*" and cfg.compaction is not None
+    }
+    star = tools.get("*")
+    default = _HINT_POLICIES[star.compaction] if star and star.compaction else None
+    return ToolPolicies(default=default, overrides=overrides)
+
+
+@dataclass
+class RangePlan:
+    start: int  # wire index of the first message compacted
+    end: int  # wire index after the last message compacted
+    carried: list[Message]  # verbatim (or stripped) into the replacement, in order
+    to_summarize: list[Message]  # the summarizer's input, policies applied, in order
+    previous_summary: str | None
+    summary_ids: list[str] = field(default_factory=list)  # the earlier summaries' messages
+    user_ids: list[str] = field(default_factory=list)  # carried user turns, oldest first
+    delegation_calls: list[str] = field(default_factory=list)  # carried delegations, oldest first
+
+
+def is_summary_message(m: Message) -> bool:
+    return m.role == "user" and m.content.startswith(SUMMARY_MARKER)
+
+
+TokenCount = Callable[[Message], int]
+
+
+def compactable_groups(messages: list[Message]) -> tuple[list[Group], int, int]:
+    """(groups, first compactable group, first protected group)."""
+    groups = group_messages(messages)
+    return groups, leading_system_count(groups), protected_tail_start(groups)
+
+
+def plan_range(
+    messages: list[Message],
+    config: CompactionConfig,
+    policies: ToolPolicies,
+    *,
+    count: TokenCount,
+) -> RangePlan | None:
+    """The compaction of ``messages``, or None when nothing outside the protected parts remains."""
+    groups, first, tail = compactable_groups(messages)
+    if first >= tail:
+        return None
+    in_range = groups[first:tail]
+    start = messages[in_range[0].start].source_index
+    end = messages[groups[tail].start].source_index
+    if start < 0 or start >= end:
+        return None
+    users = _preserved_users(messages, in_range, config.preserve_recent_user_tokens, count)
+    delegations = _preserved_delegations(messages, in_range, config, policies)
+    return _assemble(messages, in_range, policies, start, end, users, delegations)
+
+
+def _preserved_users(
+    messages: list[Message], groups: list[Group], budget: int, count: TokenCount
+) -> set[int]:
+    """Newest user turns within ``budget`` tokens, and always at least the newest one."""
+    chosen: set[int] = set()
+    spent = 0
+    for g in reversed(groups):
+        if g.kind != "user":
+            continue
+        for i in g.indices():
+            m = messages[i]
+            if m.role != "user" or is_summary_message(m):
+                continue
+            if not m.content.strip() and not m.attachments:  # an image alone is a turn
+                continue
+            cost = count(m)
+            if chosen and spent + cost > budget:
+                return chosen
+            chosen.add(i)
+            spent += cost
+    return chosen
+
+
+def _preserved_delegations(
+    messages: list[Message], groups: list[Group], config: CompactionConfig, policies: ToolPolicies
+) -> list[str]:
+    """Call ids of the last N delegation results (tools in ``delegation_tools``) with no hint."""
+    delegation = set(config.delegation_tools)
+    calls = [
+        c.id
+        for g in groups
+        for i in g.indices()
+        for c in messages[i].tool_calls
+        if c.name in delegation and policies.for_tool(c.name) is None
+    ]
+    n = config.preserve_recent_delegation_results
+    return calls[-n:] if n else []
+
+
+def _assemble(
+    messages: list[Message],
+    groups: list[Group],
+    policies: ToolPolicies,
+    start: int,
+    end: int,
+    users: set[int],
+    delegations: list[str],
+) -> RangePlan:
+    plan = RangePlan(
+        start=start,
+        end=end,
+        carried=[],
+        to_summarize=[],
+        previous_summary=None,
+        delegation_calls=list(delegations),
+    )
+    policy_of = {
+        c.id: policies.for_tool(c.name)
+        for g in groups
+        for i in g.indices()
+        for c in messages[i].tool_calls
+    }
+    carry = set(delegations)
+    summaries = []
+    for g in groups:
+        for i in g.indices():
+            m = messages[i]
+            if is_summary_message(m):
+                summaries.append(m.content)
+                plan.summary_ids.append(m.id)
+            elif i in users:
+                plan.user_ids.append(m.id)
+                plan.carried.append(m)
+            elif m.role == "tool":
+                _route_result(m, policy_of.get(m.tool_call_id or ""), carry, plan)
+            else:
+                _route_calls(m, policy_of, carry, plan)
+    plan.previous_summary = "\n\n".join(summaries) if summaries else None
+    return plan
+
+
+def _route_result(
+    m: Message, policy: ToolCallPolicy | None, carry: set[str], plan: RangePlan
+) -> None:
+    if m.tool_call_id in carry:
+        plan.carried.append(m)
+    elif policy is None:
+        plan.to_summarize.append(m)
+    elif policy.policy == "strip":
+        body = STRIPPED_RESPONSE if policy.response else m.content
+        plan.carried.append(m.model_copy(update={"content": body}))
+    # omit: in neither list
+
+
+def _route_calls(
+    m: Message, policy_of: dict[str, ToolCallPolicy | None], carry: set[str], plan: RangePlan
+) -> None:
+    """An assistant message's hinted and delegation calls are carried (stripped as their policy
+    says); its text and its other calls go to the summary; omitted calls go nowhere."""
+    carried: list[ToolCall] = []
+    summarized: list[ToolCall] = []
+    for c in m.tool_calls:
+        policy = policy_of[c.id]
+        if c.id in carry:
+            carried.append(c)
+        elif policy is None:
+            summarized.append(c)
+        elif policy.policy == "strip":
+            stripped = c.model_copy(update={"arguments": STRIPPED_ARGUMENTS})
+            carried.append(stripped if policy.request else c)
+    if carried:
+        plan.carried.append(
+            m.model_copy(update={"content": "", "reasoning": "", "tool_calls": tuple(carried)})
+        )
+    if m.content.strip() or m.reasoning.strip() or summarized or not m.tool_calls:
+        plan.to_summarize.append(m.model_copy(update={"tool_calls": tuple(summarized)}))
+
+
+# --- fitting the carried messages under the threshold ------------------------------------------
+
+
+def carried_tokens(plan: RangePlan, count: TokenCount) -> int:
+    return sum(count(m) for m in plan.carried)
+
+
+def fit_carried(
+    plan: RangePlan, budget_tokens: int, count: TokenCount, order: dict[str, int]
+) -> None:
+    """Give up carried items until they fit ``budget_tokens``: delegation results first
+    (oldest first), then user turns (oldest first, the newest always stays, cut if it must).
+    What is given up goes to the summary input instead, in conversation order."""
+    carried = _Carried(plan.carried, count)
+    while carried.total > budget_tokens and plan.delegation_calls:
+        _demote_delegation(plan, carried, plan.delegation_calls.pop(0))
+    while carried.total > budget_tokens and len(plan.user_ids) > 1:
+        _demote_message(plan, carried, plan.user_ids.pop(0))
+    plan.carried = carried.messages()
+    over = carried.total - budget_tokens
+    if over > 0 and plan.user_ids:
+        _cut_user_turn(plan, plan.user_ids[-1], over, count)
+    plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
+
+
+class _Carried:
+    """The carried messages while items are given up one at a time: each message counted once
+    and the total kept current, each message and call found by id, so that giving up every
+    carried item costs time linear in them (not a recount and a scan per item)."""
+
+    def __init__(self, messages: list[Message], count: TokenCount) -> None:
+        self._count = count
+        self.slots: list[Message | None] = list(messages)
+        self.sizes = [count(m) for m in messages]
+        self.total = sum(self.sizes)
+        self.by_id: dict[str, list[int]] = {}
+        self.by_call: dict[str, list[int]] = {}  # the call's message and its result's
+        for k, m in enumerate(messages):
+            self.by_id.setdefault(m.id, []).append(k)
+            ids = [m.tool_call_id] if m.role == "tool" and m.tool_call_id is not None else []
+            for call_id in dict.fromkeys([*ids, *(c.id for c in m.tool_calls)]):
+                self.by_call.setdefault(call_id, []).append(k)
+
+    def replace(self, k: int, m: Message | None) -> None:
+        """Slot ``k`` now holds ``m`` (None: given up)."""
+        self.total -= self.sizes[k]
+        self.slots[k] = m
+        self.sizes[k] = 0 if m is None else self._count(m)
+        self.total += self.sizes[k]
+
+    def messages(self) -> list[Message]:
+        return [m for m in self.slots if m is not None]
+
+
+def _demote_delegation(plan: RangePlan, carried: _Carried, call_id: str) -> None:
+    for k in carried.by_call.get(call_id, ()):
+        m = carried.slots[k]
+        if m is None:
+            continue
+        if m.role == "tool" and m.tool_call_id == call_id:
+            plan.to_summarize.append(m)
+            carried.replace(k, None)
+            continue
+        calls = tuple(c for c in m.tool_calls if c.id == call_id)
+        if calls:
+            plan.to_summarize.append(m.model_copy(update={"tool_calls": calls}))
+            rest = tuple(c for c in m.tool_calls if c.id != call_id)
+            carried.replace(k, m.model_copy(update={"tool_calls": rest}) if rest else None)
+
+
+def _demote_message(plan: RangePlan, carried: _Carried, message_id: str) -> None:
+    for k in carried.by_id.get(message_id, ()):
+        m = carried.slots[k]
+        if m is not None:
+            plan.to_summarize.append(m)
+            carried.replace(k, None)
+
+
+def _cut_user_turn(plan: RangePlan, message_id: str, over: int, count: TokenCount) -> None:
+    """Keep the start and end of an oversized newest user turn; the cut is marked in the text."""
+    for k, m in enumerate(plan.carried):
+        if m.id != message_id:
+            continue
+        # Its images and files stay whole (never dropped from a carried turn): the text gives.
+        text_tokens = max(count(m) - m.attachment_tokens, 1)
+        keep = max(text_tokens - over - 16, 32)
+        text = m.content
+        chars = max(len(text) * keep // text_tokens, 64)
+        half = chars // 2
+        cut = f"{text[:half]}\n…[user message shortened by compaction]…\n{text[-half:]}"
+        if len(cut) < len(text):
+            plan.carried[k] = m.model_copy(update={"content": cut})
+            plan.to_summarize.append(m)
+        return

@@ -1,1 +1,0 @@
-"""Transcript store backends (chosen by ``[transcripts] url``, see :mod:`worker.transcripts`)."""

@@ -1,0 +1,388 @@
+"""Compaction events: what the service publishes, one model per event type, and their
+constructors.
+
+Events are output read by agents of other versions, so they are read tolerantly: unknown fields
+are ignored, and an event of a type this version does not know parses as :class:`OtherEvent`
+instead of failing (snapshots, the input, stay strict). Every event carries
+``schema_version``; fields are only ever added within a version. docs/events.md is the
+reference, docs/schemas/ the JSON Schemas generated from these models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+
+from worker.wire.models import WireFormat, canonical_json
+
+# The major version of the event schema. Readers ignore fields they do not know; a change that
+# an older reader would misread (a field's meaning, a removal) needs a new version.
+SCHEMA_VERSION = 1
+
+EventType = Literal[
+    "compaction.completed",
+    "compaction.skipped",
+    "compaction.failed",
+    "compaction.rejected",
+    "tool_results.elided",
+]
+
+
+class _Published(BaseModel):
+    """Read tolerantly: fields a newer version added are ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class ToolCallPolicy(_Published):
+    """How a compaction treats one tool's calls: strip parts of them, or omit them."""
+
+    policy: Literal["strip", "omit"] = "strip"
+    request: bool = False
+    response: bool = False
+
+
+class Trigger(_Published):
+    """The auto-compaction trigger as evaluated on the projected request. ``counted_by``: how
+    ``projected_tokens`` was counted (``tiktoken``, ``estimate``, ``usage+tiktoken``,
+    ``usage+estimate``); ``usage_ignored``: why the snapshot's ``usage`` was not used."""
+
+    kind: str
+    threshold_tokens: int | None = None
+    projected_tokens: int
+    context_window: int | None = None
+    counted_by: str = "tiktoken"
+    usage_ignored: str | None = None
+
+
+class Fidelity(_Published):
+    """How the summary was checked against the range's must-keep facts (docs/summaries.md):
+    ``checked`` facts, ``kept`` (present in the summary or the carried messages as written),
+    ``repaired`` (added to its "Kept facts" section), ``dropped`` (that did not fit the output
+    bound: a count per kind, never their content), ``score`` (kept / checked before repair)."""
+
+    checked: int = 0
+    kept: int = 0
+    repaired: int = 0
+    dropped: dict[str, int] = Field(default_factory=dict)
+    score: float = 1.0
+
+
+class SummarySection(_Published):
+    """One section of the summary's text (a Markdown heading; ``""``: the text before the first
+    heading) and the messages it was drawn from: ``source_ids``, wire message ids of the range,
+    in conversation order, each once. A long list keeps its first and last ids; ``omitted_ids``
+    says how many more there were (docs/summaries.md, "Provenance")."""
+
+    title: str
+    source_ids: list[str] = Field(default_factory=list)
+    omitted_ids: int = 0
+
+
+# Opens every summary message we publish: a later compaction recognizes an earlier summary by
+# it, and the checks of a summary's facts look past it.
+SUMMARY_MARKER = "[compaction-worker summary]"
+
+
+class Summary(_Published):
+    """The summary that replaces the compacted range (``source``: the LLM or the digest).
+
+    ``sections``: each section of ``text`` in order with its sources. A summarizer fills them in
+    the ids of the messages it was given (normalized ids, docs/snapshot.md); the pipeline
+    publishes them as wire message ids."""
+
+    text: str
+    tokens: int
+    source: Literal["llm", "digest"]
+    truncated: bool = False
+    fallback_reason: str | None = None
+    chunks: int = 1
+    fidelity: Fidelity | None = None  # None only in events of versions before it existed
+    sections: list[SummarySection] = Field(default_factory=list)  # [] in older events
+
+
+DroppedKind = Literal[
+    "tool_call_omitted",
+    "tool_arguments_stripped",
+    "tool_output_stripped",
+    "user_message_shortened",
+    "attachment_dropped",
+]
+
+
+class DroppedItem(_Published):
+    """Something the compaction removed outright instead of summarizing or carrying it (names
+    and sizes only, never content): ``message_id`` is the wire message it was in, which the
+    range's transcript keeps whole. ``bytes``: the UTF-8 size of what was removed (None for an
+    attachment); ``attachment``: an image or file by the placeholder summaries name it with."""
+
+    message_id: str
+    kind: str  # a DroppedKind; a reader must accept kinds added later
+    call_id: str | None = None
+    tool: str | None = None
+    bytes: int | None = None
+    attachment: str | None = None
+
+
+class TranscriptRef(_Published):
+    """Where the full pre-compaction history is kept, and its sha256."""
+
+    uri: str
+    sha256: str
+    bytes: int
+
+
+class Compaction(_Published):
+    """The edit a completed event describes: replace wire messages ``start..end`` (ids
+    ``first_id``..``last_id``, whose canonical JSON hashes to ``range_sha256``) by
+    ``replacement``."""
+
+    start: int
+    end: int
+    first_id: str
+    last_id: str
+    # sha256 of the canonical JSON of the compacted wire messages: an event applies only to
+    # exactly these messages. None only in events of versions before it existed.
+    range_sha256: str | None = None
+    replacement: list[dict[str, Any]]
+    summary: Summary
+    tool_calls: ToolCallPolicy | None = None
+    tool_overrides: dict[str, ToolCallPolicy] = Field(default_factory=dict)
+    tokens_before: int
+    tokens_after: int
+    # How each was counted (as Trigger.counted_by); "tiktoken" in events of older versions.
+    tokens_before_counted_by: str = "tiktoken"
+    tokens_after_counted_by: str = "tiktoken"
+    transcript: TranscriptRef | None = None
+    format: WireFormat = "openai"
+    preserved_ids: list[str] = Field(default_factory=list)
+    # What the replacement dropped outright (omitted calls, stripped bodies, ...), in
+    # conversation order; [] in events of versions before it existed.
+    dropped: list[DroppedItem] = Field(default_factory=list)
+
+
+class ElidedResult(_Published):
+    """One tool result the projection shortened (never its content)."""
+
+    call_id: str
+    tool: str
+    action: Literal["marker", "ellipsis", "emptied", "preview"]
+    bytes_before: int
+    bytes_after: int
+
+
+class EventError(_Published):
+    """Why a compaction failed or a snapshot was rejected: a stable ``code``, a message, and
+    for rejections the dotted ``field``."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+class _Event(_Published):
+    schema_version: int = SCHEMA_VERSION
+    event_id: str
+    conversation_id: str
+    revision: int
+    created_at: datetime
+
+    def to_json(self) -> str:
+        """The event as published: every field of its type present, nulls included."""
+        return self.model_dump_json()
+
+
+class CompletedEvent(_Event):
+    """A compaction: apply it with ``apply_compaction`` whenever you like."""
+
+    type: Literal["compaction.completed"] = "compaction.completed"
+    trigger: Trigger
+    compaction: Compaction
+
+
+class SkippedEvent(_Event):
+    """The revision needs no compaction (under the threshold, or nothing to compact)."""
+
+    type: Literal["compaction.skipped"] = "compaction.skipped"
+    trigger: Trigger | None = None
+    reason: str
+
+
+class FailedEvent(_Event):
+    """The compaction could not be made (the LLM in ``remote_only``, storage); the agent keeps
+    its history, and its next snapshot tries again."""
+
+    type: Literal["compaction.failed"] = "compaction.failed"
+    trigger: Trigger | None = None
+    reason: str
+    error: EventError
+
+
+class RejectedEvent(_Event):
+    """The snapshot was invalid; ``error.field`` names where."""
+
+    type: Literal["compaction.rejected"] = "compaction.rejected"
+    reason: str
+    error: EventError
+
+
+class ElidedEvent(_Event):
+    """The projection shortened tool results (what the next request carries of them)."""
+
+    type: Literal["tool_results.elided"] = "tool_results.elided"
+    elided: list[ElidedResult]
+
+
+class OtherEvent(_Event):
+    """An event of a type this version does not know (published by a newer one): kept, with
+    its fields, so that a stream never becomes unreadable."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    type: str
+
+
+_KNOWN = {
+    "compaction.completed",
+    "compaction.skipped",
+    "compaction.failed",
+    "compaction.rejected",
+    "tool_results.elided",
+}
+
+
+def _event_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in _KNOWN else "other"
+
+
+CompactionEvent = Annotated[
+    Annotated[CompletedEvent, Tag("compaction.completed")]
+    | Annotated[SkippedEvent, Tag("compaction.skipped")]
+    | Annotated[FailedEvent, Tag("compaction.failed")]
+    | Annotated[RejectedEvent, Tag("compaction.rejected")]
+    | Annotated[ElidedEvent, Tag("tool_results.elided")]
+    | Annotated[OtherEvent, Tag("other")],
+    Discriminator(_event_kind),
+]
+# The five types this version publishes, discriminated by ``type`` (the JSON Schema of "an event"
+# is made from it; readers use :data:`CompactionEvent`, which also keeps unknown types).
+PublishedEvent = Annotated[
+    CompletedEvent | SkippedEvent | FailedEvent | RejectedEvent | ElidedEvent,
+    Field(discriminator="type"),
+]
+OUTCOME_TYPES = frozenset(
+    {"compaction.completed", "compaction.skipped", "compaction.failed", "compaction.rejected"}
+)
+EVENT_ADAPTER: TypeAdapter[CompactionEvent] = TypeAdapter(CompactionEvent)
+
+
+def parse_event(data: dict[str, Any] | str | bytes) -> CompactionEvent:
+    """An event from its JSON (or a decoded dict), tolerantly: a line printed by
+    ``compactor events`` (which adds ``stream_id``) reads as the event it shows."""
+    if isinstance(data, dict):
+        return EVENT_ADAPTER.validate_python(data)
+    return EVENT_ADAPTER.validate_json(data)
+
+
+def event_id_for(conversation_id: str, revision: int, kind: str, *parts: object) -> str:
+    """Deterministic, so a redelivered task re-creates the same event, not a second one."""
+    key = canonical_json([conversation_id, revision, kind, *map(str, parts)])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+# --- constructors ---------------------------------------------------------------------------
+
+
+def skipped_event(
+    conversation_id: str,
+    revision: int,
+    now: datetime,
+    *,
+    why: str,
+    reason: str,
+    trigger: Trigger | None,
+) -> SkippedEvent:
+    """``why`` tells apart skips of the same revision (it is part of the event id)."""
+    return SkippedEvent(
+        event_id=event_id_for(conversation_id, revision, "compaction.skipped", why),
+        conversation_id=conversation_id,
+        revision=revision,
+        created_at=now,
+        trigger=trigger,
+        reason=reason,
+    )
+
+
+def failed_event(
+    conversation_id: str,
+    revision: int,
+    now: datetime,
+    *,
+    code: str,
+    message: str,
+    trigger: Trigger | None = None,
+) -> FailedEvent:
+    return FailedEvent(
+        event_id=event_id_for(conversation_id, revision, "compaction.failed", code),
+        conversation_id=conversation_id,
+        revision=revision,
+        created_at=now,
+        trigger=trigger,
+        reason=message,
+        error=EventError(code=code, message=message),
+    )
+
+
+def rejected_event(
+    conversation_id: str,
+    revision: int,
+    now: datetime,
+    *,
+    code: str,
+    field: str,
+    reason: str,
+    message: str,
+) -> RejectedEvent:
+    return RejectedEvent(
+        event_id=event_id_for(conversation_id, revision, "compaction.rejected", field, reason),
+        conversation_id=conversation_id,
+        revision=revision,
+        created_at=now,
+        reason=message,
+        error=EventError(code=code, message=reason, field=field or None),
+    )
+
+
+def elided_event(
+    conversation_id: str, revision: int, now: datetime, *, elided: list[ElidedResult]
+) -> ElidedEvent:
+    return ElidedEvent(
+        event_id=event_id_for(conversation_id, revision, "tool_results.elided", len(elided)),
+        conversation_id=conversation_id,
+        revision=revision,
+        created_at=now,
+        elided=elided,
+    )
+
+
+def completed_event(
+    conversation_id: str,
+    revision: int,
+    now: datetime,
+    *,
+    event_id: str,
+    trigger: Trigger,
+    compaction: Compaction,
+) -> CompletedEvent:
+    return CompletedEvent(
+        event_id=event_id,
+        conversation_id=conversation_id,
+        revision=revision,
+        created_at=now,
+        trigger=trigger,
+        compaction=compaction,
+    )

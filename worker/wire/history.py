@@ -1,0 +1,74 @@
+"""An agent's history in its wire format, and the one edit the service ever asks of it:
+applying a completed compaction. Pure: no Redis, no network, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from worker.errors import EventMismatch
+from worker.wire import formats
+from worker.wire.events import Compaction, CompactionEvent, CompletedEvent, parse_event
+from worker.wire.models import canonical_json
+
+__all__ = ["apply_compaction", "range_digest"]
+
+
+def range_digest(raw_messages: list[dict[str, Any]]) -> str:
+    """sha256 of the canonical JSON of wire messages: what a compaction's range must hash to."""
+    text = canonical_json(raw_messages)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def apply_compaction(
+    messages: list[dict[str, Any]],
+    event: CompactionEvent | Compaction | dict[str, Any] | str | bytes,
+    *,
+    conversation_id: str | None = None,
+) -> list[dict[str, Any]]:
+    """``messages[:start] + replacement + messages[end:]``, located by ``first_id``/``last_id``
+    so that messages the agent appended after the snapshot survive. Returns a new list.
+
+    Refused with :class:`EventMismatch` unless the event describes exactly these messages: the
+    range must hash to the event's ``range_sha256`` (and, when ``conversation_id`` is given, the
+    event must be that conversation's). ``event`` may be an event, its JSON or dict (a line of
+    ``compactor events`` as it is), or a bare :class:`Compaction`."""
+    compaction = _compaction_of(event, conversation_id)
+    if compaction.replacement and compaction.replacement[-1] in messages:
+        raise EventMismatch("this compaction is already applied (its summary is present)")
+    ids = formats.source_ids(messages)
+    try:
+        start = ids.index(compaction.first_id)
+        last = ids.index(compaction.last_id, start)
+    except ValueError:
+        raise EventMismatch(
+            f"messages {compaction.first_id!r}..{compaction.last_id!r} are not in this history"
+        ) from None
+    if last - start != compaction.end - 1 - compaction.start:
+        raise EventMismatch("the compacted range has a different length in this history")
+    if compaction.range_sha256 is None:
+        raise EventMismatch("the event has no range digest (published by an older version)")
+    if range_digest(messages[start : last + 1]) != compaction.range_sha256:
+        raise EventMismatch(
+            "the compacted range differs from these messages (another conversation, or an "
+            "edited history)"
+        )
+    return [*messages[:start], *compaction.replacement, *messages[last + 1 :]]
+
+
+def _compaction_of(
+    event: CompactionEvent | Compaction | dict[str, Any] | str | bytes,
+    conversation_id: str | None,
+) -> Compaction:
+    if isinstance(event, Compaction):
+        return event
+    if isinstance(event, dict | str | bytes):
+        event = parse_event(event)
+    if not isinstance(event, CompletedEvent):
+        raise EventMismatch(f"a {event.type} event has nothing to apply")
+    if conversation_id is not None and event.conversation_id != conversation_id:
+        raise EventMismatch(
+            f"the event is of conversation {event.conversation_id!r}, not {conversation_id!r}"
+        )
+    return event.compaction

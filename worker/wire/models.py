@@ -1,0 +1,152 @@
+"""The models of what comes in: snapshots, and the internal message model they normalize to
+(events, what goes out, are in :mod:`worker.wire.events`).
+
+Snapshots carry the agent's messages in their wire format (``openai`` Chat Completions,
+``anthropic`` Messages or ``responses``, the OpenAI Responses API's input items). They are
+normalized once, by :mod:`worker.wire.formats`, into :class:`Message` objects that the pure core
+works on; the raw messages are kept as they came, because the transcript stores them and the
+agent applies events to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from worker.wire.media import Attachment
+
+Role = Literal["system", "user", "assistant", "tool"]
+WireFormat = Literal["openai", "anthropic", "responses"]
+# 2**53 - 1: exact in JSON numbers everywhere and in Redis' Lua (doubles). Transcript names
+# carry it zero-padded to 18 digits, so they sort by revision.
+MAX_REVISION = 2**53 - 1
+# Not starting with "." or "-": ids become directory names and command-line arguments.
+CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9_:][A-Za-z0-9._:\-]{0,127}$"
+CONVERSATION_ID_RULE = (
+    "must be 1-128 characters of A-Z a-z 0-9 . _ : - and not start with '.' or '-'"
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCall(_Frozen):
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class Message(_Frozen):
+    """One normalized message. ``source_index`` is its position in the snapshot's ``messages``
+    (an Anthropic message may yield several of these; -1 is Anthropic's top-level system).
+    ``joins_next``: the message belongs with the one after it and is never separated from it
+    (a Responses ``reasoning`` item and the call or message it produced). ``attachments``: its
+    images and files, with what each costs (:mod:`worker.wire.media`); their bytes stay in the wire
+    message."""
+
+    id: str
+    role: Role
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    source_index: int
+    joins_next: bool = False
+    attachments: tuple[Attachment, ...] = ()
+
+    @property
+    def attachment_tokens(self) -> int:
+        return sum(a.tokens for a in self.attachments)
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="", max_length=256)
+    context_window: StrictInt | None = Field(default=None, ge=1)
+
+
+class Usage(BaseModel):
+    """The provider-reported usage of the agent's last request, which held the first
+    ``message_count`` messages of this snapshot (docs/snapshot.md, "Usage")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tokens: StrictInt = Field(ge=0, le=MAX_REVISION)
+    message_count: StrictInt = Field(ge=1, le=MAX_REVISION)
+
+
+class Snapshot(BaseModel):
+    """A snapshot as submitted (docs/snapshot.md). ``messages`` stay in the agent's wire format."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversation_id: str = Field(pattern=CONVERSATION_ID_PATTERN)
+    revision: StrictInt = Field(ge=0, le=MAX_REVISION)
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    format: WireFormat = "openai"
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None  # Anthropic's top-level system prompt
+    config: dict[str, Any] = Field(default_factory=dict)
+    tools: dict[str, Any] = Field(default_factory=dict)
+    usage: Usage | None = None
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON for hashing (sorted keys, no spaces, unicode kept)."""
+    if _canonical_encoder is None:  # a Python without json's C accelerator
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "".join(_canonical_encoder(value, 0))
+
+
+def _make_canonical_encoder() -> Callable[[Any, int], Iterable[str]] | None:
+    """json's C encoder with json.dumps' canonical settings, made once: every message of a
+    snapshot without its own id is hashed through it, and json.dumps would rebuild an encoder
+    for each call (half the cost of a message's id). The output is byte for byte json.dumps'."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    # (markers, default, encoder, indent, key_sep, item_sep, sort_keys, skipkeys, allow_nan).
+    # No markers: a shared markers dict is not thread-safe, and a cycle (only possible in a
+    # Mapping a caller built) still ends, in RecursionError. The default raises TypeError for
+    # what JSON cannot hold, as json.dumps does.
+    return make(  # type: ignore[no-any-return]
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, True
+    )
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_canonical_encoder = _make_canonical_encoder()
+
+
+def derived_message_id(index: int, raw: Any) -> str:
+    """A stable id for a message that came without one: its position and content."""
+    digest = hashlib.sha256(canonical_json(raw).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"m{index}-{digest[:12]}"
+
+
+def is_plain_json(value: Any) -> bool:
+    """Whether a JSON value holds only strings and nulls (in any lists and objects): then two
+    values that are ``==`` have the same JSON text. (A loop, not recursion: no depth limit.)"""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is str or item is None:
+            continue
+        if kind is dict:
+            pending.extend(item.values())
+        elif kind is list:
+            pending.extend(item)
+        else:
+            return False
+    return True
