@@ -24,8 +24,9 @@ them with examples):
   ``AdminSite``, ``Linear1D``), or any name after ``class``.
 - ``constant``: UPPER_CASE with an underscore (``DEFAULT_AUTO_FIELD``).
 - ``function``: a name with an underscore (``construct_instance``, ``_cstack``), a mixedCase
-  name (``assertQuerysetEqual`` would be one, were it not a unittest method: see the stop
-  list), or a plain name in code that is called (``render(``) or defined (``def render``).
+  name (``emptyPrinter``), or a plain name in code that is called (``render(``, unless on a
+  standard-library module or a one- or two-letter alias: ``np.array(`` is not) or defined
+  (``def render``).
 - ``dotted``: ``a.b`` names (``models.Model``, ``django.db.models.query``) whose head is not a
   standard-library module, ``self``/``cls`` or a name of one or two characters (``np``, ``m``,
   ``e.g``), and that have three parts or a part with an underscore or a capital (so
@@ -39,8 +40,11 @@ assistant prose only names of a distinctive shape count (underscore, CamelCase, 
 extension), never a plain word. ``echo``/``printf`` arguments are not read.
 
 **Stop list** (never a fact): Python keywords and builtins, dunder names (``__init__``), the
-attributes of Python's built-in types and of ``unittest.TestCase`` (``append``, ``split``,
-``assertEqual``), names shorter than three characters, and the names of common shell programs.
+attributes of Python's built-in types, of ``unittest`` and of ``unittest.TestCase``
+(``append``, ``split``, ``TestCase``, ``assertEqual``), names shorter than three characters,
+the names of common shell programs, plural acronyms in prose (``URLs``), a two-part dotted
+name ending in one of those (``new_lines.append``), and the parts of a path
+(``reproduce_issue.py`` is a path, not also a function ``reproduce_issue``).
 
 **Gold** = candidates that occur in the compacted range (anywhere in it: text, arguments, tool
 outputs) and occur neither in the carried system prompt and first task message nor in the
@@ -602,3 +606,22 @@ def first_task(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def present(facts: Iterable[Fact], text: str) -> list[Fact]:
     return [f for f in facts if occurs(f, text)]
+
+
+ORIGINS = ("call arguments", "assistant text", "user text", "tool output only")
+
+
+def origins(facts: Iterable[Fact], ranged: list[dict[str, Any]]) -> dict[Fact, str]:
+    """Where the range holds each fact, the first of :data:`ORIGINS` that has it: the agent's
+    own calls, its text, a user message, else only what tools printed."""
+    texts = [
+        "\n".join(
+            value for m in ranged for _, a in tool_calls(m) for _, value in decoded_arguments(a)
+        ),
+        "\n".join(content_text(m) for m in ranged if m.get("role") == "assistant"),
+        "\n".join(content_text(m) for m in ranged if m.get("role") == "user"),
+    ]
+    return {
+        f: next((o for o, t in zip(ORIGINS, texts, strict=False) if occurs(f, t)), ORIGINS[3])
+        for f in facts
+    }

@@ -1,9 +1,10 @@
 """What the agent goes on to use: the product's compaction against baselines, at equal size.
 
 For each conversation of the shared corpus and each cut (before the first assistant message at
-or past 40 %, 60 % and 80 % of its characters), the history before the cut is compacted by the
-product: ``worker.pipeline.Pipeline.run`` on that snapshot, offline digest (``local_only``), the
-threshold one token under the snapshot's own projected count so that it compacts now.
+or past 40 %, 60 % and 80 % of its messages' JSON characters), the history before the cut is
+compacted by the product: ``worker.pipeline.Pipeline.run`` on that snapshot, offline digest
+(``local_only``), the threshold one token under the snapshot's own projected count so that it
+compacts now.
 **Gold facts** come from the conversation's own future: the paths and identifiers that the
 agent's later messages use and that the compacted range held (``needed_gold``, which imports
 nothing of the product; its docstring has the rules). **Score** = the share of gold facts
@@ -18,14 +19,18 @@ even 16 is over (the carried task alone can be), the product is over budget and 
 Every baseline then gets exactly the product's achieved size, never more.
 
 **Baselines** (``needed_baselines``): truncation, observation masking, tool-result clearing
-(written there), and the product's own strategies (``worker.strategies``).
+(written there), and the product's own strategies (``worker.strategies``), all with the first
+task message pinned, as the product carries it. Reported apart, not as the comparison: the
+baselines given the whole nominal budget, and the strategies as shipped (task not pinned).
 
     .venv/bin/python bench/needed_later.py [--sample N] [--json PATH] [--cuts 0.4,0.6,0.8]
         [--budgets 0.15,0.30,0.45]
 
 Prints Markdown tables: per budget, each method's mean and median score, size share and the
 share of cases (conversation x cut) where the product scores at least as well; the curve over
-the budgets; the 60 % cut alone; and the facts the product misses most, by kind.
+the budgets; each cut; the 60 % cut alone; what each method keeps by kind of fact and by where
+the range held it (the agent's calls, its text, tool outputs only); and the facts the product
+misses most, by kind.
 """
 
 from __future__ import annotations
@@ -45,7 +50,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import conversations
 from needed_baselines import OURS, STRATEGIES, History, Sizer, StrategyBaselines, Wire
-from needed_gold import KINDS, Fact, first_task, gold_facts, message_text, occurs
+from needed_gold import (
+    KINDS,
+    ORIGINS,
+    Fact,
+    first_task,
+    gold_facts,
+    message_text,
+    occurs,
+    origins,
+)
 
 from worker.config import CompactionConfig, Settings
 from worker.events import CompletedEvent
@@ -55,6 +69,8 @@ from worker.stores.filesystem import FileStore
 
 PRODUCT = "product"
 METHODS = (PRODUCT, *OURS, *STRATEGIES)
+# Truncation and SlidingWindow keep what TokenBudget keeps at the same size.
+UNPINNED = ("TokenBudget", "SelectiveToolResult")
 DEFAULT_CUTS = (0.4, 0.6, 0.8)
 DEFAULT_BUDGETS = (0.15, 0.30, 0.45)
 MIN_OUTPUT_TOKENS = 16  # CompactionConfig's floor for summary_max_output_tokens
@@ -178,6 +194,9 @@ class BudgetResult:
     # The baselines again, given the whole nominal budget (more than the product used when
     # the digest stopped short of it): what the product leaves unspent, not the comparison.
     nominal: dict[str, MethodResult] = field(default_factory=dict)
+    # The strategies as shipped, keeping only system messages: free to drop the task (whose
+    # facts are not gold), at the product's size. Not the comparison either.
+    unpinned: dict[str, MethodResult] = field(default_factory=dict)
 
 
 @dataclass
@@ -189,6 +208,7 @@ class Case:
     end: int
     range_tokens: int
     gold: list[Fact]
+    origin: dict[Fact, str] = field(default_factory=dict)  # where the range held each
     budgets: list[BudgetResult] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -198,7 +218,7 @@ class Case:
             "cut": self.cut,
             "range": [self.start, self.end],
             "range_tokens": self.range_tokens,
-            "gold": [[f.text, f.kind] for f in self.gold],
+            "gold": [[f.text, f.kind, self.origin.get(f, "")] for f in self.gold],
             "budgets": [
                 {
                     "budget": b.budget,
@@ -216,6 +236,10 @@ class Case:
                     "baselines_at_nominal_budget": {
                         name: {"tokens": r.tokens, "score": round(r.score, 4)}
                         for name, r in b.nominal.items()
+                    },
+                    "strategies_task_unpinned": {
+                        name: {"tokens": r.tokens, "score": round(r.score, 4)}
+                        for name, r in b.unpinned.items()
                     },
                 }
                 for b in self.budgets
@@ -267,9 +291,11 @@ def run_case(
         range_tokens=range_tokens,
         gold=gold_facts(messages, cut, start, end),
     )
+    case.origin = origins(case.gold, ranged)
     task = first_task_index(messages, start, end)
     history = History(wire=messages[:cut], start=start, end=end, task=task)
     strategies = StrategyBaselines(history, sizer)
+    as_shipped = StrategyBaselines(History(wire=messages[:cut], start=start, end=end), sizer)
     pinned = task - start if task is not None else None
 
     def baselines(tokens: int) -> dict[str, MethodResult]:
@@ -292,6 +318,9 @@ def run_case(
         result.methods.update(baselines(run.size))
         result.nominal = baselines(nominal) if nominal > run.size else dict(result.methods)
         result.nominal.pop(PRODUCT, None)
+        for method in UNPINNED:
+            kept = as_shipped.run(method, run.size)
+            result.unpinned[method] = scored(case.gold, kept, sizer.history(kept))
         case.budgets.append(result)
     return case
 
@@ -345,7 +374,7 @@ def method_table(cases: list[Case], budget: float) -> list[str]:
 
 def curve_table(cases: list[Case], budgets: list[float]) -> list[str]:
     """Mean scores by budget: every method at the product's achieved size, then the baselines
-    given the whole nominal budget."""
+    given the whole nominal budget, then strategies as shipped (the task not pinned)."""
     head = " | ".join(f"{b:.2f}" for b in budgets)
     rows = [f"| method | {head} |", "|---" * (len(budgets) + 1) + "|"]
 
@@ -370,6 +399,13 @@ def curve_table(cases: list[Case], budgets: list[float]) -> list[str]:
             row(
                 f"{method} at the nominal budget",
                 [mean([at(c, b).nominal[method].score for c in cases]) for b in budgets],
+            )
+        )
+    for method in UNPINNED:
+        rows.append(
+            row(
+                f"{method}, task not pinned",
+                [mean([at(c, b).unpinned[method].score for c in cases]) for b in budgets],
             )
         )
     return rows
@@ -421,6 +457,25 @@ def kind_table(cases: list[Case], budget: float) -> list[str]:
     return rows
 
 
+def origin_table(cases: list[Case], budget: float) -> list[str]:
+    """Kept shares by where the range held the fact (the agent's calls, its text, outputs)."""
+    methods = [PRODUCT, *OURS]
+    rows = [
+        "| held in the range by | gold facts | " + " | ".join(methods) + " |",
+        "|---" * (len(methods) + 2) + "|",
+    ]
+    for where in ORIGINS:
+        facts = [(c, f) for c in cases for f in c.gold if c.origin.get(f) == where]
+        if not facts:
+            continue
+        cells = []
+        for method in methods:
+            kept = sum(f in set(at(c, budget).methods[method].kept) for c, f in facts)
+            cells.append(f"{kept / len(facts):.0%}")
+        rows.append(f"| {where} | {len(facts)} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def most_missed(cases: list[Case], budget: float, per_kind: int = 6) -> list[str]:
     missed: dict[str, Counter[str]] = defaultdict(Counter)
     for c in cases:
@@ -462,6 +517,8 @@ def report(cases: list[Case], budgets: list[float], cuts: list[float], seconds: 
         out += ["", f"### Kept by kind, budget {budget:.2f} (all cuts)", ""]
         out += kind_table(scored_cases, budget)
     focus = min(budgets, key=lambda b: abs(b - 0.30))
+    out += ["", f"### Kept by where the range held the fact, budget {focus:.2f}", ""]
+    out += origin_table(scored_cases, focus)
     out += ["", f"### What the product misses most, budget {focus:.2f} (times missed)", ""]
     out += most_missed(scored_cases, focus)
     return "\n".join(out)

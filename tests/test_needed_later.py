@@ -209,6 +209,7 @@ def test_every_baseline_keeps_to_its_budget_with_tool_exchanges_whole() -> None:
     sizer = Sizer()
     whole = sizer.history(ranged)
     strategies = StrategyBaselines(History(wire=history, start=start, end=end, task=1), sizer)
+    as_shipped = StrategyBaselines(History(wire=history, start=start, end=end), sizer)
     task = sizer.message(history[1])
     for budget in [0, 50, task - 1, task, task + 100, whole // 4, whole // 2, whole - 1, whole]:
         results = {name: baseline(ranged, budget, sizer, 0) for name, baseline in OURS.items()}
@@ -218,6 +219,12 @@ def test_every_baseline_keeps_to_its_budget_with_tool_exchanges_whole() -> None:
             assert_pairs_whole(kept, history)
             if budget >= task:
                 assert kept[:1] == [history[1]], (name, budget)  # the task stays pinned
+        for name in STRATEGIES:  # as shipped: the task is history like any other
+            kept = as_shipped.run(name, budget)
+            assert sizer.history(kept) <= budget, (name, budget)
+            assert_pairs_whole(kept, history)
+            if name != "SelectiveToolResult":  # the dropping ones keep it only with everything
+                assert (history[1] in kept) == (kept == ranged), (name, budget)
     # Given the whole range, nothing needs to go; given most of it, they keep a lot.
     for name, baseline in OURS.items():
         if name != "clearing":  # clearing always clears all but the newest three outputs
