@@ -17,7 +17,7 @@ Ours (written here, after the published descriptions):
 - ``clearing``: Anthropic's tool-result clearing (``clear_tool_uses``, keep 3): all but the 3
   newest tool results become ``[tool result cleared]``, then truncation to the budget.
 
-The product's strategies (``worker.strategies``, imported read-only), run over the whole
+The product's strategies (``worker.core.strategies``, imported read-only), run over the whole
 history before the cut (they keep its leading system message and protected tail themselves,
 and those lie outside the range; the first task is taken out and pinned in front, as above)
 with the most generous setting whose part in the range fits:
@@ -32,9 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.formats import to_messages
-from worker.models import Message
-from worker.strategies import (
+from worker.core.strategies import (
     SelectiveToolResult,
     SelectiveToolResultConfig,
     SlidingWindow,
@@ -45,6 +43,8 @@ from worker.strategies import (
     TruncationConfig,
 )
 from worker.tokens import count_tokens, tokenizer_for
+from worker.wire.formats import to_messages
+from worker.wire.models import Message
 
 Wire = dict[str, Any]
 # What a chat format adds around each message (role, separators): dropping a message saves it.

@@ -1,9 +1,9 @@
 """Gold facts for the needed-later benchmark: what the agent's own later messages use.
 
 Written apart from the product: nothing here imports ``worker`` (in particular not
-``worker.facts`` or ``worker.files``); it is regexes and ``shlex`` over the OpenAI-format wire
-messages of a conversation. The rules (BENCHMARKS.md, "What the agent goes on to use", repeats
-them with examples):
+``worker.core.facts`` or ``worker.core.files``); it is regexes and ``shlex`` over the
+OpenAI-format wire messages of a conversation. The rules (BENCHMARKS.md, "What the agent goes
+on to use", repeats them with examples):
 
 **Candidates** come from the conversation's future, the messages from the cut on:
 

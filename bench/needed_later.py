@@ -19,7 +19,7 @@ even 16 is over (the carried task alone can be), the product is over budget and 
 Every baseline then gets exactly the product's achieved size, never more.
 
 **Baselines** (``needed_baselines``): truncation, observation masking, tool-result clearing
-(written there), and the product's own strategies (``worker.strategies``), all with the first
+(written there), and the product's own strategies (``worker.core.strategies``), all with the first
 task message pinned, as the product carries it. Reported apart, not as the comparison: the
 baselines given the whole nominal budget, and the strategies as shipped (task not pinned).
 
@@ -62,10 +62,10 @@ from needed_gold import (
 )
 
 from worker.config import CompactionConfig, Settings
-from worker.events import CompletedEvent
 from worker.pipeline import Adapters, Pipeline
 from worker.reuse import Reuse
-from worker.stores.filesystem import FileStore
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompletedEvent
 
 PRODUCT = "product"
 METHODS = (PRODUCT, *OURS, *STRATEGIES)
