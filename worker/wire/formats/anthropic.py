@@ -12,6 +12,7 @@ from typing import Any
 
 from worker.errors import InvalidSnapshot
 from worker.wire import media
+from worker.wire.formats.common import source_of, string_field
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, ToolCall
 
@@ -86,14 +87,14 @@ def _assistant(index: int, raw: dict[str, Any], mid: str) -> Message:
     for k, block in enumerate(_blocks(raw, where)):
         kind, at = block["type"], f"{where}[{k}]"
         if kind == "text":
-            texts.append(_field(block, "text", at))
+            texts.append(string_field(block, "text", at))
         elif kind == "thinking":
-            thinking.append(_field(block, "thinking", at))
+            thinking.append(string_field(block, "thinking", at))
         elif kind == "tool_use":
             calls.append(
                 ToolCall(
-                    id=_field(block, "id", at, nonempty=True),
-                    name=_field(block, "name", at, nonempty=True),
+                    id=string_field(block, "id", at, nonempty=True),
+                    name=string_field(block, "name", at, nonempty=True),
                     arguments=json.dumps(block.get("input", {}), ensure_ascii=False),
                 )
             )
@@ -121,7 +122,7 @@ def _user(
     for k, block in enumerate(blocks):
         kind, at = block["type"], f"{where}[{k}]"
         if kind == "tool_result":
-            cid = _field(block, "tool_use_id", at, nonempty=True)
+            cid = string_field(block, "tool_use_id", at, nonempty=True)
             body = block.get("content", "")
             text = body if isinstance(body, str) else _texts(body, f"{at}.content", allow=())
             out.append(
@@ -136,7 +137,7 @@ def _user(
                 )
             )
         elif kind == "text":
-            texts.append(_field(block, "text", at))
+            texts.append(string_field(block, "text", at))
         elif kind not in _PLACEHOLDER_BLOCKS:
             raise InvalidSnapshot(f"{at}.type", f"unexpected block type {kind!r} for user")
     attachments = _attachments(blocks, rules)
@@ -180,15 +181,6 @@ def _attachments(blocks: Any, rules: MediaRules) -> tuple[Attachment, ...]:
     return tuple(out)
 
 
-def _field(block: dict[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
-    value = block.get(key)
-    if not isinstance(value, str) or (nonempty and not value):
-        raise InvalidSnapshot(
-            f"{where}.{key}", "must be a non-empty string" if nonempty else "must be a string"
-        )
-    return value
-
-
 def render(
     messages: list[Message], *, with_ids: bool, source: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
@@ -229,9 +221,8 @@ _MEDIA_BLOCKS = {"image", "document"}
 
 
 def _source_blocks(m: Message, source: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    if source is None or not 0 <= m.source_index < len(source):
-        return []
-    content = source[m.source_index].get("content")
+    src = source_of(m, source)
+    content = src.get("content") if src is not None else None
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 

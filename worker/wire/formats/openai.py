@@ -6,6 +6,7 @@ from typing import Any
 
 from worker.errors import InvalidSnapshot
 from worker.wire import media
+from worker.wire.formats.common import normalizes_to, source_of, string_field
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, ToolCall
 
@@ -141,11 +142,9 @@ def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict):
             raise InvalidSnapshot(f"{at}.function", "a tool call needs a function object")
-        cid, name, args = call.get("id"), fn.get("name"), fn.get("arguments", "")
-        if not isinstance(cid, str) or not cid:
-            raise InvalidSnapshot(f"{at}.id", "must be a non-empty string")
-        if not isinstance(name, str) or not name:
-            raise InvalidSnapshot(f"{at}.function.name", "must be a non-empty string")
+        cid = string_field(call, "id", at, nonempty=True)
+        name = string_field(fn, "name", f"{at}.function", nonempty=True)
+        args = fn.get("arguments", "")
         if not isinstance(args, str):
             raise InvalidSnapshot(f"{at}.function.arguments", "must be a JSON string")
         calls.append(ToolCall(id=cid, name=name, arguments=args))
@@ -161,8 +160,8 @@ def render(
     source's image, file and audio parts after its text."""
     out = []
     for m in messages:
-        src = _source(m, source)
-        if src is not None and _unchanged(m, src):
+        src = source_of(m, source)
+        if src is not None and normalizes_to(m, src, _message):
             copied = dict(src)
             if with_ids and "id" not in copied:
                 copied = {"id": m.id, **copied}
@@ -187,24 +186,6 @@ def render(
             raw["tool_call_id"] = m.tool_call_id
         out.append(raw)
     return out
-
-
-def _source(m: Message, source: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    if source is None or not 0 <= m.source_index < len(source):
-        return None
-    src = source[m.source_index]
-    return src if isinstance(src, dict) else None
-
-
-def _unchanged(m: Message, src: dict[str, Any]) -> bool:
-    """Whether ``m`` is exactly what ``src`` normalizes to (its attachments aside: they are
-    read from ``src`` itself)."""
-    names = {m.tool_call_id: m.tool_name} if m.tool_call_id and m.tool_name else {}
-    try:
-        fresh = _message(m.source_index, src, m.id, names, MediaRules())
-    except InvalidSnapshot:
-        return False
-    return fresh.model_copy(update={"attachments": m.attachments}) == m
 
 
 def _media_parts(src: dict[str, Any] | None) -> list[Any]:

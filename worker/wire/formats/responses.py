@@ -32,6 +32,7 @@ from typing import Any
 
 from worker.errors import InvalidSnapshot
 from worker.wire import media
+from worker.wire.formats.common import normalizes_to, source_of, string_field
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, ToolCall, canonical_json, is_plain_json
 
@@ -183,7 +184,7 @@ def _parts_text(parts: list[Any], where: str) -> str:
             raise InvalidSnapshot(f"{where}[{k}]", "a content part needs a string 'type'")
         field = _TEXT_PARTS.get(kind)
         if field is not None:
-            texts.append(_string(part, field, f"{where}[{k}]"))
+            texts.append(string_field(part, field, f"{where}[{k}]"))
         elif kind not in _OPAQUE_PARTS:
             raise InvalidSnapshot(f"{where}[{k}].type", f"unexpected content part type {kind!r}")
     return "\n".join(texts)
@@ -198,7 +199,7 @@ def _reasoning(index: int, raw: dict[str, Any], mid: str) -> Message:
     for k, part in enumerate(summary):
         if not isinstance(part, dict) or part.get("type") != "summary_text":
             raise InvalidSnapshot(f"{where}[{k}].type", "must be 'summary_text'")
-        texts.append(_string(part, "text", f"{where}[{k}]"))
+        texts.append(string_field(part, "text", f"{where}[{k}]"))
     encrypted = raw.get("encrypted_content")
     if encrypted is not None and not isinstance(encrypted, str):
         raise InvalidSnapshot(f"messages[{index}].encrypted_content", "must be a string")
@@ -213,15 +214,15 @@ def _reasoning(index: int, raw: dict[str, Any], mid: str) -> Message:
 
 def _call(index: int, kind: str, raw: dict[str, Any], mid: str) -> Message:
     where = f"messages[{index}]"
-    call_id = _string(raw, "call_id", where, nonempty=True)
+    call_id = string_field(raw, "call_id", where, nonempty=True)
     field = _ARGUMENT_FIELDS.get(kind)
     if kind in _ARGUMENT_FIELDS:
-        name = _string(raw, "name", where, nonempty=True)
+        name = string_field(raw, "name", where, nonempty=True)
     else:
         given = raw.get("name")
         name = given if isinstance(given, str) and given else _tool_name(kind)
     if field is not None:
-        arguments = _string(raw, field, where)
+        arguments = string_field(raw, field, where)
     else:
         arguments = canonical_json({k: v for k, v in raw.items() if k not in _NOT_ARGUMENTS})
     return Message(
@@ -272,17 +273,8 @@ def _output_call_id(raw: dict[str, Any], where: str) -> str:
     """The call an output answers: ``call_id``; a ``local_shell_call_output`` without one names
     it by its ``id``."""
     if raw.get("call_id") is None and raw.get("type") == "local_shell_call_output":
-        return _string(raw, "id", where, nonempty=True)
-    return _string(raw, "call_id", where, nonempty=True)
-
-
-def _string(raw: dict[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str) or (nonempty and not value):
-        raise InvalidSnapshot(
-            f"{where}.{key}", "must be a non-empty string" if nonempty else "must be a string"
-        )
-    return value
+        return string_field(raw, "id", where, nonempty=True)
+    return string_field(raw, "call_id", where, nonempty=True)
 
 
 # --- back to the wire ----------------------------------------------------------------------------
@@ -319,15 +311,8 @@ def _source_item(
     m: Message, source: list[dict[str, Any]] | None
 ) -> tuple[dict[str, Any] | None, bool]:
     """The message's source item, and whether the message is exactly its normalization."""
-    if source is None or not 0 <= m.source_index < len(source):
-        return None, False
-    src = source[m.source_index]
-    names = {m.tool_call_id: m.tool_name} if m.tool_call_id and m.tool_name else {}
-    try:
-        fresh = _item(m.source_index, src, m.id, names, MediaRules())
-    except InvalidSnapshot:
-        return None, False
-    return src, fresh.model_copy(update={"attachments": m.attachments}) == m
+    src = source_of(m, source)
+    return src, src is not None and normalizes_to(m, src, _item)
 
 
 def _copy(src: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,50 @@
+"""What the format modules share: reading a string field of a wire message (or block, part or
+item), and, when rendering, finding the wire message a normalized message came from and
+whether it is still exactly what that message normalizes to.
+
+Kept apart from the package's ``__init__`` (which imports every format module) so that each
+format module imports it without a circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from worker.errors import InvalidSnapshot
+from worker.wire.media import MediaRules
+from worker.wire.models import Message
+
+# A format's reader of one wire message into one internal message:
+# (index, raw, message id, tool names by call id, media rules) -> message.
+Normalizer = Callable[[int, dict[str, Any], str, dict[str, str], MediaRules], Message]
+
+
+def string_field(raw: dict[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
+    """``raw[key]``, which must be a string (non-empty with ``nonempty``); ``where`` names
+    ``raw`` in the snapshot for the error (``messages[3].content[0]``)."""
+    value = raw.get(key)
+    if not isinstance(value, str) or (nonempty and not value):
+        raise InvalidSnapshot(
+            f"{where}.{key}", "must be a non-empty string" if nonempty else "must be a string"
+        )
+    return value
+
+
+def source_of(m: Message, source: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The wire message ``m`` was normalized from (``source[m.source_index]``), if any."""
+    if source is None or not 0 <= m.source_index < len(source):
+        return None
+    src = source[m.source_index]
+    return src if isinstance(src, dict) else None
+
+
+def normalizes_to(m: Message, src: dict[str, Any], normalize: Normalizer) -> bool:
+    """Whether ``m`` is exactly what ``src`` normalizes to, its attachments aside (a renderer
+    copies them from ``src`` itself): then ``src`` can be carried as it was."""
+    names = {m.tool_call_id: m.tool_name} if m.tool_call_id and m.tool_name else {}
+    try:
+        fresh = normalize(m.source_index, src, m.id, names, MediaRules())
+    except InvalidSnapshot:
+        return False
+    return fresh.model_copy(update={"attachments": m.attachments}) == m
