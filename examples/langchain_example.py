@@ -26,7 +26,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 
 from worker.client import Client
-from worker.integrations.langchain import CompactionMiddleware, to_wire
+from worker.integrations.langchain import CompactingMiddleware, to_wire
 from worker.local import local_stack
 from worker.session import CompactingSession
 
@@ -93,7 +93,7 @@ def run(client: Client) -> None:
         ScriptedModel(),
         tools=[read_file],
         system_prompt="You are a coding agent.",
-        middleware=[CompactionMiddleware(session)],
+        middleware=[CompactingMiddleware(session)],
     )
     try:
         result = agent.invoke(

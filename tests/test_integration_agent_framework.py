@@ -35,8 +35,8 @@ from agent_framework import (
 
 from worker.integrations.agent_framework import (
     CompactingContextProvider,
-    from_openai,
-    to_openai,
+    from_wire,
+    to_wire,
 )
 from worker.session import CompactingSession
 from worker.wire import formats
@@ -191,7 +191,7 @@ def test_agent_gets_compacted_history_and_history_provider_keeps_everything(
             stored: list[Message] = session.state[history.source_id]["messages"]
             compaction = compacting.compactions[applied - 1].compaction
             assert compaction.start == 0
-            summary = from_openai(compaction.replacement)
+            summary = from_wire(compaction.replacement)
             assert any(m.text.startswith(SUMMARY) for m in summary)
             assert [unattributed(m) for m in first[: len(summary)]] == [
                 unattributed(m) for m in summary
@@ -247,17 +247,17 @@ def test_conversion_round_trips_messages() -> None:
         ),
         Message("assistant", [Content.from_error(message="disk full"), "Stopped."]),
     ]
-    chat = to_openai(messages)
+    chat = to_wire(messages)
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert chat[1]["content"][1]["type"] == "image_url"
     assert [c["id"] for c in chat[2]["tool_calls"]] == ["c1", "c2"]
     assert chat[2]["reasoning_content"] == "Two files."
     assert len(formats.to_messages("openai", chat)) == 6  # the service accepts them
-    back = from_openai(chat)
+    back = from_wire(chat)
     assert [m.to_dict() for m in back] == [m.to_dict() for m in messages]
 
     chat[3]["content"] = "alpha (shortened)"  # a projection shortened the first result
-    shortened = from_openai(chat)[3].contents
+    shortened = from_wire(chat)[3].contents
     assert all(isinstance(c, Content) for c in shortened)
     assert (shortened[0].call_id, shortened[0].result) == ("c1", "alpha (shortened)")
 
@@ -284,7 +284,7 @@ def test_existing_history_is_submitted_and_a_cleared_one_starts_again(cluster: A
             stored: list[Message] = session.state[history.source_id]["messages"]
             assert len(stored) == 6
             compacting = compactor.compacting_session(session)
-            assert compacting.messages == to_openai(stored)  # what was there, then the run's
+            assert compacting.messages == to_wire(stored)  # what was there, then the run's
             assert [m.text for m in chat.requests[0]] == [
                 "Earlier question.",
                 "Earlier answer.",
@@ -301,7 +301,7 @@ def test_existing_history_is_submitted_and_a_cleared_one_starts_again(cluster: A
             await agent.run("Fresh start.", session=session)
             stored = session.state[history.source_id]["messages"]
             assert len(stored) == 4
-            assert compacting.messages == to_openai(stored)
+            assert compacting.messages == to_wire(stored)
         finally:
             compactor.close()
 

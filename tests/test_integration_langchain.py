@@ -47,9 +47,9 @@ from service_support import (  # noqa: F401 - fixtures
 
 from worker.core.projection import count_request_tokens
 from worker.integrations.langchain import (
-    EXTENSION,
-    CompactionHook,
-    CompactionMiddleware,
+    EXTRA_KEY,
+    CompactingMiddleware,
+    CompactingPreModelHook,
     from_wire,
     to_wire,
 )
@@ -98,7 +98,7 @@ blocks = st.one_of(
         lambda a: {"type": "tool_call", "id": "tc_x", "name": "bash", "args": a}, json_objects
     ),
     st.builds(lambda v: {"type": "x-provider", "data": v}, json_values),
-    st.builds(lambda t: {"type": "text", "text": t, EXTENSION: {"str": True}}, words),
+    st.builds(lambda t: {"type": "text", "text": t, EXTRA_KEY: {"str": True}}, words),
     st.builds(lambda v: {"no_type": v}, json_values),
 )
 contents = words | st.lists(blocks, max_size=4)
@@ -428,7 +428,7 @@ def test_create_agent_gives_the_model_the_compacted_history_and_keeps_the_full_s
             model,
             tools=[read_file_tool(lambda: session)],
             system_prompt=SYSTEM,
-            middleware=[CompactionMiddleware(session)],
+            middleware=[CompactingMiddleware(session)],
         )
         task = {"messages": [HumanMessage("Find the bug in src/pkg.")]}
         config: Any = {"recursion_limit": 100}
@@ -460,7 +460,7 @@ def test_one_session_per_thread_across_runs_and_the_recall_tool(cluster: Any) ->
         return made[thread_id]
 
     model = ScriptedModel(turns=8, recall="call0")
-    middleware = CompactionMiddleware(session_for, recall_tool=True)
+    middleware = CompactingMiddleware(session_for, recall_tool=True)
     agent = create_agent(
         model,
         tools=[read_file_tool(lambda: made["t1"])],
@@ -502,7 +502,7 @@ def test_the_prebuilt_react_agent_with_the_pre_model_hook(cluster: Any) -> None:
         "c-lc-react-agent", client=cluster.client, model="gpt-4.1", context_window=WINDOW
     )
     model = ScriptedModel(turns=12)
-    hook = CompactionHook(session)
+    hook = CompactingPreModelHook(session)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
@@ -555,7 +555,7 @@ def test_an_edited_state_is_submitted_whole_and_compacted_again(cluster: Any) ->
         model,
         tools=[read_file_tool(lambda: session)],
         system_prompt=SYSTEM,
-        middleware=[CompactionMiddleware(session)],
+        middleware=[CompactingMiddleware(session)],
         checkpointer=InMemorySaver(),
     )
     config: Any = {"configurable": {"thread_id": "edited"}, "recursion_limit": 100}

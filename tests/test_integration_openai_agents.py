@@ -33,8 +33,8 @@ from openai.types.responses import (  # noqa: E402
 
 from worker.integrations.openai_agents import (  # noqa: E402
     CompactingAgentSession,
-    chat_to_items,
-    items_to_chat,
+    from_wire,
+    to_wire,
 )
 
 pytestmark = pytest.mark.slow
@@ -178,7 +178,7 @@ def test_runner_gets_compacted_history_and_sqlite_keeps_everything(cluster: Any)
             full = await store.get_items()
             compaction = session.compacting.compactions[applied - 1].compaction
             assert compaction.start == 0
-            summary = chat_to_items(compaction.replacement)
+            summary = from_wire(compaction.replacement)
             assert any(
                 str(i.get("content")).startswith("[compaction-worker summary]") for i in summary
             )
@@ -220,11 +220,11 @@ def test_conversion_keeps_items_and_pop_item(cluster: Any) -> None:
             "content": [{"type": "output_text", "text": "ok", "annotations": []}],
         },
     ]
-    chat = items_to_chat(items)
+    chat = to_wire(items)
     assert [m["role"] for m in chat] == ["user", "assistant", "tool", "tool", "assistant"]
     assert [c["id"] for c in chat[1]["tool_calls"]] == ["c1", "c2"]
     assert chat[1]["reasoning_content"] == "hm"
-    assert chat_to_items(chat) == items
+    assert from_wire(chat) == items
 
     async def pop() -> None:
         store = SQLiteSession("agents-pop")

@@ -13,9 +13,12 @@ Messages are converted to Chat Completions messages (``format="openai"``): text 
 function calls as ``tool_calls`` and each function result as a ``tool`` message. What the
 format has no field for (the message's role, author, id and properties except the per-run
 ``_attribution``, each content's other fields, contents of other types) rides along under
-:data:`EXTRA_KEY`, so :func:`from_openai` gives back the same messages; a tool result the
+:data:`EXTRA_KEY`, so :func:`from_wire` gives back the same messages; a tool result the
 projection shortened comes back shortened. A message's function results come back after its
 other contents.
+
+``to_openai`` and ``from_openai`` are the old names of :func:`to_wire` and :func:`from_wire`;
+they still work.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from agent_framework import Content, ContextProvider, Message
 from worker.client import Client
 from worker.session import CompactingSession
 
-__all__ = ["EXTRA_KEY", "CompactingContextProvider", "from_openai", "to_openai"]
+__all__ = ["EXTRA_KEY", "CompactingContextProvider", "from_wire", "to_wire"]
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +93,14 @@ class CompactingContextProvider(ContextProvider):
         entry = self._entry(session)
         compacting: CompactingSession = entry[0]
         if len(history) > entry[1]:  # new to us (the first run, or written by someone else)
-            compacting.extend(to_openai(history[entry[1] :]))
+            compacting.extend(to_wire(history[entry[1] :]))
         elif len(history) < entry[1]:  # the store was cleared or edited: start from it again
             log.info("history of %s shrank: resubmitting it", compacting.conversation_id)
-            compacting.replace_messages(to_openai(history))
+            compacting.replace_messages(to_wire(history))
         entry[1] = len(history)
         if not history:
             return
-        compacted = from_openai(compacting.request_messages())
+        compacted = from_wire(compacting.request_messages())
         attribution = history[0].additional_properties.get(_ATTRIBUTION) or {
             "source_id": self.history_source_id
         }
@@ -114,7 +117,7 @@ class CompactingContextProvider(ContextProvider):
             new += list(context.response.messages or [])
         if new:
             entry = self._entry(session)
-            entry[0].extend(to_openai(new))
+            entry[0].extend(to_wire(new))
             entry[1] += len(new)
 
     def close(self) -> None:
@@ -128,15 +131,15 @@ class CompactingContextProvider(ContextProvider):
 # --- Message <-> Chat Completions messages ---------------------------------------------------
 
 
-def to_openai(messages: Iterable[Message]) -> list[dict[str, Any]]:
+def to_wire(messages: Iterable[Message]) -> list[dict[str, Any]]:
     """Chat Completions messages for Agent Framework messages (see the module's docstring)."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        out += _message_to_openai(message)
+        out += _message_to_wire(message)
     return out
 
 
-def _message_to_openai(message: Message) -> list[dict[str, Any]]:
+def _message_to_wire(message: Message) -> list[dict[str, Any]]:
     whole = _json(message.to_dict())
     meta = {k: v for k, v in whole.items() if k not in ("type", "contents")}
     properties = meta.get("additional_properties")
@@ -216,9 +219,9 @@ def _message_to_openai(message: Message) -> list[dict[str, Any]]:
     return out
 
 
-def from_openai(messages: Sequence[dict[str, Any]]) -> list[Message]:
+def from_wire(messages: Sequence[dict[str, Any]]) -> list[Message]:
     """Agent Framework messages for (projected, compacted) Chat Completions messages: the
-    messages :func:`to_openai` made, as they were, and new ones for what the service wrote."""
+    messages :func:`to_wire` made, as they were, and new ones for what the service wrote."""
     out: list[Message] = []
     for chat in messages:
         extra = chat.get(EXTRA_KEY)
@@ -338,3 +341,8 @@ def _without(content: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 def _json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+# The names of earlier releases, kept: they still work (docs/integrations.md, "Names").
+to_openai = to_wire
+from_openai = from_wire

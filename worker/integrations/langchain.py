@@ -1,13 +1,13 @@
 """LangChain and LangGraph: compaction in the background for ``create_agent`` and
 ``create_react_agent`` (the ``langchain`` extra; docs/integrations.md).
 
-- :class:`CompactionMiddleware` for ``langchain.agents.create_agent(..., middleware=[...])``:
+- :class:`CompactingMiddleware` for ``langchain.agents.create_agent(..., middleware=[...])``:
   before each model call it applies the compactions that have arrived and gives the model the
   compacted history; after the call it submits the new messages (those the model was given
   for the first time, and its answer). The agent's state keeps the full history.
-- :class:`CompactionHook` for ``langgraph.prebuilt.create_react_agent(..., pre_model_hook=...)``:
-  the same, returning ``{"llm_input_messages": [...]}``; it submits the new messages as it
-  hands them to the model.
+- :class:`CompactingPreModelHook` for ``langgraph.prebuilt.create_react_agent(...,
+  pre_model_hook=...)``: the same, returning ``{"llm_input_messages": [...]}``; it submits the
+  new messages as it hands them to the model.
 - :func:`to_wire` / :func:`from_wire`: LangChain messages <-> the ``openai`` wire format a
   :class:`~worker.session.CompactingSession` keeps, losslessly for system, human, AI (tool calls,
   content blocks) and tool messages; a message's ``.id`` is its wire ``id``.
@@ -15,7 +15,12 @@
 What LangChain keeps and Chat Completions has no field for (``additional_kwargs``,
 ``response_metadata``, ``usage_metadata``, ``invalid_tool_calls``, a tool message's ``status``
 and ``artifact``, content blocks that are not Chat Completions parts) travels under the key
-``"langchain"``, of the message or of a content part, which the worker passes through untouched.
+:data:`EXTRA_KEY` (``"langchain"``), of the message or of a content part, which the worker
+passes through untouched.
+
+``CompactionMiddleware``, ``CompactionHook`` and ``EXTENSION`` are the old names of
+:class:`CompactingMiddleware`, :class:`CompactingPreModelHook` and :data:`EXTRA_KEY`; they
+still work.
 """
 
 from __future__ import annotations
@@ -47,20 +52,21 @@ from langchain_core.tools import BaseTool, StructuredTool
 from worker.session import RECALL_TOOL_NAME, CompactingSession
 
 __all__ = [
-    "EXTENSION",
-    "CompactionHook",
-    "CompactionMiddleware",
+    "EXTRA_KEY",
+    "CompactingMiddleware",
+    "CompactingPreModelHook",
+    "SessionSource",
     "from_wire",
     "to_wire",
 ]
 
 log = logging.getLogger(__name__)
 
-EXTENSION = "langchain"  # the key of what Chat Completions has no field for
+EXTRA_KEY = "langchain"  # the key of what Chat Completions has no field for
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 _PASS_THROUGH = {"image_url", "input_audio", "file"}  # Chat Completions parts, kept as they are
 _TEXT_KEYS = ("text", "thinking", "reasoning")  # a block's text the worker should count
-RECALL_DESCRIPTION = (
+_RECALL_DESCRIPTION = (
     "Fetch the full original of a message that was compacted into a "
     "'[compaction-worker summary]': give its message id or a tool call id (argument 'id'). "
     "Returns the message as JSON."
@@ -114,7 +120,7 @@ def _message_to_wire(m: BaseMessage) -> dict[str, Any]:
         if m.artifact is not None:
             _keep_json(extra, "artifact", m.artifact, m)
     if extra:
-        wire[EXTENSION] = extra
+        wire[EXTRA_KEY] = extra
     return wire
 
 
@@ -153,11 +159,11 @@ def _content_to_wire(content: Any) -> Any:
 
 def _block_to_wire(block: Any) -> dict[str, Any]:
     if isinstance(block, str):
-        return {"type": "text", "text": block, EXTENSION: {"str": True}}
+        return {"type": "text", "text": block, EXTRA_KEY: {"str": True}}
     if not isinstance(block, dict):
         raise TypeError(f"a content block is a str or a dict, not {type(block).__name__}")
     kind = block.get("type")
-    if EXTENSION not in block:
+    if EXTRA_KEY not in block:
         if kind in ("text", "refusal") and isinstance(block.get(kind), str):
             return dict(block)
         if kind in _PASS_THROUGH:
@@ -174,7 +180,7 @@ def _block_to_wire(block: Any) -> dict[str, Any]:
                 return {
                     "type": "image_url",
                     "image_url": {"url": url},
-                    EXTENSION: {"block": rest, "image": source},
+                    EXTRA_KEY: {"block": rest, "image": source},
                 }
     # Anything else (reasoning, a tool_call block, audio, a provider's own block): a text part
     # carrying the block, its text (if any) where the worker counts it.
@@ -182,7 +188,7 @@ def _block_to_wire(block: Any) -> dict[str, Any]:
     ext: dict[str, Any] = {"block": {k: v for k, v in block.items() if k != key}}
     if key is not None:
         ext["text_key"] = key
-    return {"type": "text", "text": block[key] if key is not None else "", EXTENSION: ext}
+    return {"type": "text", "text": block[key] if key is not None else "", EXTRA_KEY: ext}
 
 
 def _content_from_wire(content: Any) -> Any:
@@ -196,7 +202,7 @@ def _content_from_wire(content: Any) -> Any:
 def _block_from_wire(part: Any) -> Any:
     if not isinstance(part, dict):
         return part
-    ext = part.get(EXTENSION)
+    ext = part.get(EXTRA_KEY)
     if not isinstance(ext, dict):
         return dict(part)
     if ext.get("str"):
@@ -212,7 +218,7 @@ def _block_from_wire(part: Any) -> Any:
 
 def _message_from_wire(w: Mapping[str, Any]) -> BaseMessage:
     role = w.get("role")
-    ext = w.get(EXTENSION)
+    ext = w.get(EXTRA_KEY)
     ext = ext if isinstance(ext, dict) else {}
     common: dict[str, Any] = {
         "content": _content_from_wire(w.get("content")),
@@ -371,7 +377,7 @@ class _Sessions:
             return answer
 
         return StructuredTool.from_function(
-            recall_message, name=RECALL_TOOL_NAME, description=RECALL_DESCRIPTION
+            recall_message, name=RECALL_TOOL_NAME, description=_RECALL_DESCRIPTION
         )
 
 
@@ -414,7 +420,7 @@ def _response_messages(response: Any) -> list[BaseMessage]:
     return []
 
 
-class CompactionMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+class CompactingMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     """Compaction for ``langchain.agents.create_agent``: the model is given the compacted
     history (compactions that have arrived applied before each call), the agent's state keeps
     every message, and after each model call the new messages are submitted.
@@ -460,13 +466,13 @@ class CompactionMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         return response
 
 
-class CompactionHook:
+class CompactingPreModelHook:
     """A ``pre_model_hook`` for ``langgraph.prebuilt.create_react_agent``: returns
     ``{"llm_input_messages": <the compacted history>}`` and submits the messages it sees for
     the first time (the model's previous answer and the tool results since). The state's
     ``messages`` are not changed.
 
-    ``session``: as for :class:`CompactionMiddleware`. The final answer of a run is submitted
+    ``session``: as for :class:`CompactingMiddleware`. The final answer of a run is submitted
     by the next run's first model call, or by :meth:`flush` with the run's messages."""
 
     def __init__(self, session: SessionSource) -> None:
@@ -494,3 +500,9 @@ class CompactionHook:
         feed = self._sessions.feed(thread_id)
         _, new = feed.model_input(messages)
         feed.submit(new)
+
+
+# The names of earlier releases, kept: they still work (docs/integrations.md, "Names").
+CompactionMiddleware = CompactingMiddleware
+CompactionHook = CompactingPreModelHook
+EXTENSION = EXTRA_KEY

@@ -8,10 +8,14 @@ compacted view, which the Runner sends to the model. Neither waits for Redis or 
 
 The SDK's items are OpenAI Responses API input items; the service is given them as Chat
 Completions messages (``format="openai"``), each carrying the items it came from under
-:data:`ITEMS_KEY`, so every item the compaction keeps comes back exactly as it was stored (a
+:data:`EXTRA_KEY`, so every item the compaction keeps comes back exactly as it was stored (a
 tool result the projection shortened comes back with the shortened ``output``). A run of
 assistant-side items (reasoning, a message, function calls) is one assistant message, so the
 service never separates a call from the turn that made it; each output is a tool message.
+:func:`to_wire` and :func:`from_wire` are these conversions.
+
+``items_to_chat``, ``chat_to_items`` and ``ITEMS_KEY`` are the old names of :func:`to_wire`,
+:func:`from_wire` and :data:`EXTRA_KEY`; they still work.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ if TYPE_CHECKING:
     from agents.items import TResponseInputItem
     from agents.memory import Session, SessionSettings
 
-__all__ = ["ITEMS_KEY", "CompactingAgentSession", "chat_to_items", "items_to_chat"]
+__all__ = ["EXTRA_KEY", "CompactingAgentSession", "from_wire", "to_wire"]
 
 log = logging.getLogger(__name__)
 
-ITEMS_KEY = "x_responses_items"  # the Responses items a chat message stands for
+EXTRA_KEY = "x_responses_items"  # the Responses items a chat message stands for
 _OUTPUT_TYPES = {  # items that answer a call, by call_id
     "function_call_output",
     "custom_tool_call_output",
@@ -87,12 +91,12 @@ class CompactingAgentSession:
         self._loaded = True
         existing = await self.inner.get_items()
         if existing:
-            self.compacting.extend(items_to_chat(existing))
+            self.compacting.extend(to_wire(existing))
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The compacted history (the newest ``limit`` items of it, when given)."""
         await self._load()
-        items = chat_to_items(self.compacting.request_messages())
+        items = from_wire(self.compacting.request_messages())
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
         fresh: list[Any] = copy.deepcopy(items)  # the session's own are shared: never hand them out
@@ -103,7 +107,7 @@ class CompactingAgentSession:
         await self.inner.add_items(items)
         plain = [_plain(item) for item in items]
         if plain:
-            self.compacting.extend(items_to_chat(plain))
+            self.compacting.extend(to_wire(plain))
 
     async def pop_item(self) -> TResponseInputItem | None:
         await self._load()
@@ -111,12 +115,12 @@ class CompactingAgentSession:
         if item is None:
             return None
         messages = self.compacting.messages
-        originals = messages[-1].get(ITEMS_KEY) if messages else None
+        originals = messages[-1].get(EXTRA_KEY) if messages else None
         if isinstance(originals, list) and originals and originals[-1] == _plain(item):
-            self.compacting.replace_messages([*messages[:-1], *items_to_chat(originals[:-1])])
+            self.compacting.replace_messages([*messages[:-1], *to_wire(originals[:-1])])
         else:  # the item is not the newest one we hold (compacted away): start from the store
             log.info("pop_item: %s resynchronised from the wrapped session", self.session_id)
-            self.compacting.replace_messages(items_to_chat(await self.inner.get_items()))
+            self.compacting.replace_messages(to_wire(await self.inner.get_items()))
         return item
 
     async def clear_session(self) -> None:
@@ -139,9 +143,9 @@ class CompactingAgentSession:
 # --- Responses items <-> Chat Completions messages ------------------------------------------
 
 
-def items_to_chat(items: Iterable[Any]) -> list[dict[str, Any]]:
+def to_wire(items: Iterable[Any]) -> list[dict[str, Any]]:
     """Chat Completions messages for Responses input items, each holding its items under
-    :data:`ITEMS_KEY`."""
+    :data:`EXTRA_KEY`."""
     out: list[dict[str, Any]] = []
     group: list[dict[str, Any]] = []  # assistant-side items not yet flushed
 
@@ -161,24 +165,24 @@ def items_to_chat(items: Iterable[Any]) -> list[dict[str, Any]]:
                     "role": "tool",
                     "tool_call_id": str(item["call_id"]),
                     "content": _output_text(item.get("output")),
-                    ITEMS_KEY: [item],
+                    EXTRA_KEY: [item],
                 }
             )
         elif role in ("user", "system", "developer") and kind in (None, "message"):
             flush()
-            out.append({"role": role, "content": _text(item.get("content")), ITEMS_KEY: [item]})
+            out.append({"role": role, "content": _text(item.get("content")), EXTRA_KEY: [item]})
         else:  # assistant messages, reasoning, calls, hosted tool items
             group.append(item)
     flush()
     return out
 
 
-def chat_to_items(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def from_wire(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Responses items of (projected, compacted) chat messages: a message's own items,
     or new items for a message the service wrote (a summary)."""
     items: list[dict[str, Any]] = []
     for m in messages:
-        originals = m.get(ITEMS_KEY)
+        originals = m.get(EXTRA_KEY)
         if isinstance(originals, list) and originals:
             if m.get("role") == "tool" and len(originals) == 1:
                 item = originals[0]
@@ -262,7 +266,7 @@ def _assistant(group: list[dict[str, Any]]) -> dict[str, Any]:
         message["reasoning_content"] = "\n".join(reasoning)
     if calls:
         message["tool_calls"] = calls
-    message[ITEMS_KEY] = list(group)
+    message[EXTRA_KEY] = list(group)
     return message
 
 
@@ -294,3 +298,9 @@ def _plain(item: Any) -> dict[str, Any]:
         item = item.model_dump(mode="json", exclude_none=True)
     plain: dict[str, Any] = json.loads(json.dumps(item, default=str))
     return plain
+
+
+# The names of earlier releases, kept: they still work (docs/integrations.md, "Names").
+items_to_chat = to_wire
+chat_to_items = from_wire
+ITEMS_KEY = EXTRA_KEY
