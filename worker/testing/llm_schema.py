@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["anthropic_messages_errors", "openai_chat_errors"]
+
 _OPENAI_KEYS = {
     "model",
     "messages",

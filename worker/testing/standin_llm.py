@@ -20,6 +20,7 @@ On its own (benchmarks, demos)::
     python -m worker.testing.standin_llm --port 8808 --latency-s 2
 
 It binds to 127.0.0.1 only. ``GET /_stats`` returns request and concurrency counters.
+docs/testing.md is the guide (what it answers, its guarantees and limits).
 
 Built on asyncio streams (stdlib only): thousands of idle keep-alive connections and sleeping
 requests cost a coroutine each, and a hung request is just a coroutine waiting for the client
@@ -40,14 +41,16 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker.testing.llm_schema import anthropic_messages_errors, openai_chat_errors
 
-HOST = "127.0.0.1"
-MAX_BODY_BYTES = 32 * 1024 * 1024
+__all__ = ["Fault", "RecordedRequest", "StandinLLM", "main", "standin_summary"]
+
+_HOST = "127.0.0.1"
+_MAX_BODY_BYTES = 32 * 1024 * 1024
 _ROUTES = {
     "/v1/chat/completions": "openai",
     "/chat/completions": "openai",
@@ -76,7 +79,7 @@ class Fault:
     drop: bool = False  # close the connection without answering
 
 
-OK = Fault()
+_OK = Fault()
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class StandinLLM:
         self._echo_key = echo_key_in_errors  # a careless provider quoting the key back
         self._lock = threading.Lock()
         self._faults: deque[Fault] = deque()
-        self._default = OK
+        self._default = _OK
         self._requests: list[RecordedRequest] = []
         self._stats = {"requests": 0, "in_flight": 0, "in_flight_peak": 0}
         self._stats |= {"connections": 0, "connections_peak": 0, "connections_accepted": 0}
@@ -138,7 +141,7 @@ class StandinLLM:
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{_HOST}:{self.port}"
 
     @property
     def openai_base_url(self) -> str:
@@ -172,10 +175,10 @@ class StandinLLM:
             return dict(self._stats)
 
     def reset(self) -> None:
-        """Forget recorded requests, queued faults and counters; the default fault is OK again."""
+        """Forget the recorded requests, the queued faults, the counters and the default fault."""
         with self._lock:
             self._faults.clear()
-            self._default = OK
+            self._default = _OK
             self._requests.clear()
             self._stats.update(requests=0, connections_accepted=0)
             self._stats.update(in_flight_peak=self._stats["in_flight"])
@@ -243,7 +246,7 @@ class StandinLLM:
         self._gate = asyncio.Event()
         self._gate.set()
         server = await asyncio.start_server(
-            self._connection, host=HOST, port=self.port, backlog=4096, limit=1 << 20
+            self._connection, host=_HOST, port=self.port, backlog=4096, limit=1 << 20
         )
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
@@ -301,7 +304,7 @@ class StandinLLM:
             )
             return False
         length = int(headers.get("content-length", "0") or "0")
-        if length > MAX_BODY_BYTES:
+        if length > _MAX_BODY_BYTES:
             writer.write(_response(413, _error_body("openai", 413, "body too large"), close=True))
             return False
         raw = await reader.readexactly(length) if length else b""
@@ -382,31 +385,12 @@ class StandinLLM:
 
     async def _through_gate(self) -> None:
         assert self._gate is not None and self._stopping is not None
-        if self._gate.is_set():
-            return
-        waiters = [
-            asyncio.ensure_future(self._gate.wait()),
-            asyncio.ensure_future(self._stopping.wait()),
-        ]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+        if not self._gate.is_set():
+            await _first_of(self._gate.wait(), self._stopping.wait())
 
     async def _until_client_leaves(self, reader: asyncio.StreamReader) -> None:
         assert self._stopping is not None
-        waiters = [
-            asyncio.ensure_future(self._stopping.wait()),
-            asyncio.ensure_future(reader.read(1)),  # b"" once the client closes
-        ]
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+        await _first_of(self._stopping.wait(), reader.read(1))  # read: b"" once the client closes
 
     # --- bookkeeping ----------------------------------------------------------------------
 
@@ -436,6 +420,17 @@ class StandinLLM:
             peak = name + "_peak"
             if peak in self._stats:
                 self._stats[peak] = max(self._stats[peak], self._stats[name])
+
+
+async def _first_of(*awaitables: Awaitable[Any]) -> None:
+    """Until the first of ``awaitables`` is done; the others are cancelled (and awaited)."""
+    waiters = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
 
 
 # --- HTTP and wire formats -----------------------------------------------------------------
