@@ -1,5 +1,6 @@
 """Adapters for agent frameworks (optional extras; each module imports its framework, so
-import the one you use).
+import the one you use). The three read alike (docs/integrations.md, "Names"): a
+``Compacting<extension point>`` class, ``to_wire`` / ``from_wire`` and ``EXTRA_KEY``.
 
 - :mod:`worker.integrations.langchain`: LangChain's ``create_agent`` middleware and LangGraph's
   ``pre_model_hook`` (``pip install 'compaction-worker[langchain]'``);
@@ -10,3 +11,5 @@ import the one you use).
 
 docs/integrations.md shows the few lines each takes.
 """
+
+__all__: list[str] = []  # nothing here: import the module of your framework

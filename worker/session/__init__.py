@@ -53,6 +53,7 @@ from worker.wire.models import WireFormat
 from worker.wire.snapshots import OPERATOR_ONLY
 
 __all__ = [
+    "RECALL_TOOL_NAME",
     "AsyncCompactingSession",
     "CompactingSession",
     "RecallTool",
