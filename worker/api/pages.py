@@ -267,10 +267,16 @@ def chart(line: Timeline) -> str:
         f'<polyline class="before" points="{before}"/>',
         f'<polyline class="after" points="{after}"/>',
     ]
+    every = max(1, len(points) // 12)  # at most about a dozen revision labels
     for k, p in enumerate(points):
         parts.append(_marker(p, x(k), y(p.before or 0), y(p.after or 0)))
+        if k % every == 0 or k == len(points) - 1:
+            parts.append(
+                f'<text class="tick" x="{x(k):.1f}" y="{_PAD_T + height + 14}" '
+                f'text-anchor="middle">{esc(p.revision)}</text>'
+            )
     parts.append(
-        f'<text class="axis-label" x="{_PAD_L + width / 2:.0f}" y="{_H - 6}" '
+        f'<text class="axis-label" x="{_PAD_L + width / 2:.0f}" y="{_H - 4}" '
         'text-anchor="middle">revision</text></svg>'
     )
     legend = (
