@@ -25,12 +25,11 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from worker.api.common import (
     MAX_EVENTS_PER_PAGE,
-    MAX_MESSAGE_ID,
     NOT_FOUND,
     ApiError,
     after_param,
@@ -46,7 +45,7 @@ from worker.api.conversations import list_conversations, restore_compaction
 from worker.api.inspector import ui_routes
 from worker.api.proxy import Proxy, proxy_routes
 from worker.api.spec import openapi
-from worker.api.sse import sse_events
+from worker.api.sse import sse_response
 from worker.api.state import Api, api_of
 from worker.api.webhooks import UnsafeUrl, Webhooks
 from worker.backend import keys
@@ -104,11 +103,7 @@ async def conversation_events(request: Request) -> Response:
         raise ApiError.of(404, "not_found", NOT_FOUND)
     stream = keys.events(internal)
     if "text/event-stream" in request.headers.get("accept", ""):
-        return StreamingResponse(
-            sse_events(api, stream, tenant, after),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return sse_response(api, stream, tenant, after)
     with aredis_errors("reading events"):
         reply = await api.aredis.xread({stream: after}, count=limit)
     return JSONResponse(external_events(stream_entries(reply, stream), tenant))
@@ -133,14 +128,7 @@ async def recall_message(request: Request) -> Response:
     api = api_of(request)
     tenant = api.tenant(request)
     internal = known_id(tenant, request)
-    message_id = request.path_params["message_id"]
-    if len(message_id) > MAX_MESSAGE_ID:
-        raise ApiError.of(
-            422, "invalid_request", f"message_id: at most {MAX_MESSAGE_ID} characters"
-        )
-    found = await api.recall(internal, message_id)
-    if found is None:
-        raise ApiError.of(404, "not_found", f"no kept compaction replaced message {message_id!r}")
+    found = await api.recall(internal, request.path_params["message_id"])
     return JSONResponse(found | {"conversation_id": tenant.external(found["conversation_id"])})
 
 

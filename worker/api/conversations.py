@@ -27,7 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from worker.api.auth import Tenant
-from worker.api.common import NOT_FOUND, ApiError, aredis_errors, int_param, known_id
+from worker.api.common import (
+    NOT_FOUND,
+    ApiError,
+    aredis_errors,
+    int_param,
+    json_body,
+    known_id,
+)
 from worker.api.state import Api, api_of
 from worker.backend import keys
 from worker.backend.redis_state import entry_event
@@ -377,8 +384,6 @@ async def list_conversations(request: Request) -> Response:
 
 
 async def restore_compaction(request: Request) -> Response:
-    from worker.api.common import json_body
-
     api = api_of(request)
     tenant = api.tenant(request)
     internal = known_id(tenant, request)

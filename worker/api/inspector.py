@@ -24,18 +24,25 @@ import hmac
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from worker.api import pages
 from worker.api.auth import Tenant
-from worker.api.common import MAX_MESSAGE_ID, ApiError, after_param, aredis_errors, known_id
+from worker.api.common import (
+    NOT_FOUND,
+    ApiError,
+    after_param,
+    aredis_errors,
+    int_param,
+    known_id,
+)
 from worker.api.conversations import (
     EVENT_ID,
     MAX_PAGE,
@@ -47,7 +54,7 @@ from worker.api.conversations import (
     cursor_param,
     restore,
 )
-from worker.api.sse import sse_events
+from worker.api.sse import sse_response
 from worker.api.state import Api, api_of
 from worker.backend import keys
 from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
@@ -264,11 +271,13 @@ async def login(request: Request) -> Response:
     key = form.get("key", "")
     tenant = api.keys.tenant(key)
     if tenant is None:
+        log.warning("inspector sign-in refused: not a valid API key")
         return _login_again(request, "That is not a valid API key.", next_path, 401)
     sid = secrets.token_urlsafe(32)
     record = {"tenant": tenant.name, "csrf": secrets.token_urlsafe(32), "key": _digest(key)}
     with aredis_errors("starting a session"):
         await api.aredis.set(keys.ui_session(_digest(sid)), json.dumps(record), ex=SESSION_TTL_S)
+    log.info("inspector sign-in for tenant %s", tenant.name)
     response = _see(next_path)
     secure = _secure(request)
     response.set_cookie(
@@ -305,8 +314,6 @@ async def _home(request: Request, api: Api, session: Session) -> Response:
 
 
 async def _conversations(request: Request, api: Api, session: Session) -> Response:
-    from worker.api.common import int_param
-
     limit = int_param(request, "limit", 50, 1, MAX_PAGE)
     page_ = await conversations_page(api, session.tenant, limit, cursor_param(request))
     return html(pages.conversations_page(page_, session.frame()))
@@ -340,14 +347,7 @@ async def _compaction(request: Request, api: Api, session: Session) -> Response:
 
 async def _recall(request: Request, api: Api, session: Session) -> Response:
     external, internal = _internal(session, request)
-    message_id = request.path_params["message_id"]
-    if len(message_id) > MAX_MESSAGE_ID:
-        raise ApiError.of(
-            422, "invalid_request", f"message_id: at most {MAX_MESSAGE_ID} characters"
-        )
-    found = await api.recall(internal, message_id)
-    if found is None:
-        raise ApiError.of(404, "not_found", f"no kept compaction replaced message {message_id!r}")
+    found = await api.recall(internal, request.path_params["message_id"])
     return html(pages.recall_page(external, found, session.frame()))
 
 
@@ -396,13 +396,8 @@ async def _events(request: Request, api: Api, session: Session) -> Response:
     _external, internal = _internal(session, request)
     after = after_param(request)
     if not await api.known(internal):
-        raise ApiError.of(404, "not_found", "no such conversation (for this tenant)")
-    stream: AsyncIterator[bytes] = sse_events(api, keys.events(internal), session.tenant, after)
-    return StreamingResponse(
-        stream,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+        raise ApiError.of(404, "not_found", NOT_FOUND)
+    return sse_response(api, keys.events(internal), session.tenant, after)
 
 
 async def static(request: Request) -> Response:

@@ -11,6 +11,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from starlette.responses import StreamingResponse
 
 from worker.api.auth import Tenant
 from worker.api.common import external_events
@@ -54,3 +55,12 @@ async def sse_events(api: Api, stream: str, tenant: Tenant, after: str) -> Async
             out.append(f"id: {doc['stream_id']}\ndata: {data}\n\n".encode())
         if out:
             yield b"".join(out)
+
+
+def sse_response(api: Api, stream: str, tenant: Tenant, after: str) -> StreamingResponse:
+    """The stream of :func:`sse_events` as a response, never cached or buffered by a proxy."""
+    return StreamingResponse(
+        sse_events(api, stream, tenant, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

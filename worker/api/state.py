@@ -15,7 +15,7 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from worker.api.auth import ApiKeys, Tenant, bearer, load_api_keys
-from worker.api.common import ApiError, aredis_errors, read_body
+from worker.api.common import MAX_MESSAGE_ID, ApiError, aredis_errors, read_body
 from worker.backend import keys
 from worker.backend.redis_state import (
     connect_async,
@@ -89,10 +89,15 @@ class Api:
                     out.append((entry_id.decode(), event))
         return out
 
-    async def recall(self, internal: str, message_id: str) -> dict[str, Any] | None:
+    async def recall(self, internal: str, message_id: str) -> dict[str, Any]:
         """The original of message ``message_id`` as the newest kept compaction that replaced
         it keeps it (its transcript checked against the event's sha256), with where it came
-        from; None when no kept compaction replaced it."""
+        from. 422 for an id over :data:`MAX_MESSAGE_ID` characters, 404 when no kept
+        compaction replaced it."""
+        if len(message_id) > MAX_MESSAGE_ID:
+            raise ApiError.of(
+                422, "invalid_request", f"message_id: at most {MAX_MESSAGE_ID} characters"
+            )
         for stream_id, event in await self.completed_events(internal):
             ref = event.compaction.transcript
             if ref is None:
@@ -122,7 +127,7 @@ class Api:
                     "stream_id": stream_id,
                     "transcript_sha256": ref.sha256,
                 }
-        return None
+        raise ApiError.of(404, "not_found", f"no kept compaction replaced message {message_id!r}")
 
 
 def api_of(request: Request) -> Api:

@@ -90,7 +90,6 @@ __all__ = [
     "rerun",
     "snapshot",
     "tenant_conversations",
-    "tenant_of",
     "ui_session",
     "webhooks",
 ]
@@ -174,13 +173,6 @@ def webhooks(tenant: str) -> str:
 RECENT = f"{PREFIX}recent"
 PENDING = f"{PREFIX}pending"
 METRICS = f"{PREFIX}metrics"
-
-
-def tenant_of(conversation_id: str) -> str | None:
-    """The tenant of an internal conversation id (``acme:c-42`` -> ``acme``, as
-    ``compactor serve`` names them), None for an id without a tenant prefix."""
-    tenant, colon, _rest = conversation_id.partition(":")
-    return tenant if colon and tenant else None
 
 
 def tenant_conversations(tenant: str) -> str:

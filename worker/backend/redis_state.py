@@ -701,7 +701,7 @@ class RedisState:
     def _touch_tenant(self, pipe: Any, conversation_id: str, now: float) -> None:
         """Queue on ``pipe``: the conversation first in its tenant's index, the index trimmed
         to the newest :data:`TENANT_INDEX_MAX` and expiring with the streams."""
-        tenant = keys.tenant_of(conversation_id)
+        tenant = _tenant_of(conversation_id)
         if tenant is None:
             return
         index = keys.tenant_conversations(tenant)
@@ -899,6 +899,13 @@ def _composed(stored: bytes | None, compactions: list[CompletedEvent]) -> Compos
     if compactions and compactions[-1].event_id != composed.event_id:
         return None
     return composed
+
+
+def _tenant_of(conversation_id: str) -> str | None:
+    """The tenant of an internal conversation id (``acme:c-42`` -> ``acme``, as
+    ``compactor serve`` names them), None for an id without a tenant prefix."""
+    tenant, colon, _rest = conversation_id.partition(":")
+    return tenant if colon and tenant else None
 
 
 def _settled(latest: bytes | None, revision: int | None) -> bool:
