@@ -329,10 +329,11 @@ def _marker(p: Point, x: float, y_before: float, y_after: float) -> str:
         what += f" — {p.note}"
     title = f"<title>{esc(what)}</title>"
     if kind == "completed":
+        restored = " restored" if p.reverted else ""
         return (
-            f'<g class="marker completed"><line x1="{x:.1f}" x2="{x:.1f}" y1="{y_before:.1f}" '
-            f'y2="{y_after:.1f}"/><circle cx="{x:.1f}" cy="{y_before:.1f}" r="5">{title}'
-            "</circle></g>"
+            f'<g class="marker completed{restored}"><line x1="{x:.1f}" x2="{x:.1f}" '
+            f'y1="{y_before:.1f}" y2="{y_after:.1f}"/>'
+            f'<circle cx="{x:.1f}" cy="{y_before:.1f}" r="5">{title}</circle></g>'
         )
     return (
         f'<g class="marker {kind}"><rect x="{x - 4:.1f}" y="{y_before - 4:.1f}" width="8" '
