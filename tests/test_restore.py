@@ -52,11 +52,19 @@ openai_base_url = "{llm.openai_base_url}"
 
 
 def restore(stack: Stack, conversation_id: str, event_id: str, **body: Any) -> Any:
+    """The answer to a restore; asked again while a worker still holds the conversation (it
+    releases its lock right after publishing: the documented 409 says to try again)."""
+    deadline = time.monotonic() + 60
     with stack.http() as client:
-        return client.post(
-            f"/v1/conversations/{conversation_id}/compactions/{event_id}/restore",
-            content=json.dumps(body) if body else b"",
-        )
+        while True:
+            r = client.post(
+                f"/v1/conversations/{conversation_id}/compactions/{event_id}/restore",
+                content=json.dumps(body) if body else b"",
+            )
+            busy = r.status_code == 409 and r.json()["error"] == "compaction_in_progress"
+            if not busy or time.monotonic() > deadline:
+                return r
+            time.sleep(0.05)
 
 
 def compacted(stack: Stack, conversation_id: str, messages: list[dict[str, Any]]) -> Any:
@@ -111,6 +119,26 @@ def test_restoring_the_only_compaction(stack: Stack) -> None:
     # restored once: there is nothing to restore any more
     again = restore(stack, "r-1", done["event_id"])
     assert again.status_code == 404, again.text
+
+
+def test_no_restore_while_a_worker_holds_the_conversation(stack: Stack) -> None:
+    submit(stack, conversation("r-busy", 12))
+    events = wait_for_type(stack, "r-busy", "compaction.completed")
+    done = next(e for e in events if e["type"] == "compaction.completed")
+    redis = redis_of(stack)
+    lock = keys.lock("acme:r-busy")
+    _wait(lambda: redis.set(lock, "held-by-a-test", nx=True, ex=120), "the lock taken")
+    try:
+        with stack.http() as client:
+            url = f"/v1/conversations/r-busy/compactions/{done['event_id']}/restore"
+            r = client.post(url)
+            assert r.status_code == 409 and r.json()["error"] == "compaction_in_progress"
+            kinds = [e["type"] for e in client.get("/v1/conversations/r-busy/events").json()]
+            assert "compaction.reverted" not in kinds
+        assert redis.llen(keys.last_compaction("acme:r-busy")) == 1
+    finally:
+        redis.delete(lock)
+    assert restore(stack, "r-busy", done["event_id"]).status_code == 200
 
 
 def test_restoring_the_newest_of_two_takes_the_composition_back_one(stack: Stack) -> None:
