@@ -105,7 +105,12 @@ def test_every_key_is_documented() -> None:
     text = (DOCS / "redis-protocol.md").read_text()
     names = [n for n in dir(keys) if callable(getattr(keys, n)) and not n.startswith("_")]
     for name in names:
-        args = {"published": ("<conv>", "<event_id>"), "webhooks": ("<tenant>",)}
+        args = {
+            "published": ("<conv>", "<event_id>"),
+            "webhooks": ("<tenant>",),
+            "tenant_conversations": ("<tenant>",),
+            "ui_session": ("<digest>",),
+        }
         key = getattr(keys, name)(*args.get(name, ("<conv>",)))
         assert f"| `{key}` |" in text, key
     for key in (keys.RECENT, keys.PENDING, keys.METRICS):

@@ -434,6 +434,7 @@ OTHER_VARIABLES = {
     "COMPACTOR_LOG_LEVEL": "the log level of the commands",
     "COMPACTOR_DEBUG": "tracebacks from the commands",
     "COMPACTOR_CORPUS_DIR": "the corpus of the tests and benchmarks",
+    "COMPACTOR_ARTIFACTS_DIR": "where the test suite's browser test writes its screenshots",
     "COMPACTOR_IMAGE": "docker-compose.yml",
     "COMPACTOR_EVALUATE_CONCURRENCY": "docker-compose.yml",
     "COMPACTOR_METRICS_PORT": "docker-compose.yml",

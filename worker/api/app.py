@@ -10,7 +10,6 @@ follower costs a coroutine and a Redis connection, never a thread.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -26,13 +25,11 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from worker.api.auth import Tenant
 from worker.api.common import (
     MAX_EVENTS_PER_PAGE,
-    MAX_MESSAGE_ID,
     NOT_FOUND,
     ApiError,
     after_param,
@@ -44,14 +41,15 @@ from worker.api.common import (
     known_id,
 )
 from worker.api.compacted import compacted_route
+from worker.api.conversations import list_conversations, restore_compaction
+from worker.api.inspector import ui_routes
 from worker.api.proxy import Proxy, proxy_routes
 from worker.api.spec import openapi
+from worker.api.sse import sse_response
 from worker.api.state import Api, api_of
 from worker.api.webhooks import UnsafeUrl, Webhooks
 from worker.backend import keys
 from worker.backend.redis_state import (
-    anewest_id,
-    await_entries,
     stream_entries,
 )
 from worker.config import Settings
@@ -62,7 +60,6 @@ from worker.errors import (
     RedisUnavailable,
     StorageError,
 )
-from worker.wire import formats
 from worker.wire.events import parse_event
 from worker.wire.history import apply_compaction
 from worker.wire.models import MAX_REVISION
@@ -106,50 +103,10 @@ async def conversation_events(request: Request) -> Response:
         raise ApiError.of(404, "not_found", NOT_FOUND)
     stream = keys.events(internal)
     if "text/event-stream" in request.headers.get("accept", ""):
-        return StreamingResponse(
-            _sse(api, stream, tenant, after),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return sse_response(api, stream, tenant, after)
     with aredis_errors("reading events"):
         reply = await api.aredis.xread({stream: after}, count=limit)
     return JSONResponse(external_events(stream_entries(reply, stream), tenant))
-
-
-async def _sse(api: Api, stream: str, tenant: Tenant, after: str) -> AsyncIterator[bytes]:
-    """Each event as ``id: <stream id>`` + ``data: <json>``; a comment when idle. A client
-    that reconnects with ``Last-Event-ID`` resumes after the last event it saw."""
-    block_ms = int(api.settings.http.sse_keepalive_s * 1000)
-
-    async def read(block: int) -> Any:
-        return await api.aredis.xread({stream: after}, count=100, block=block)
-
-    yield b"retry: 1000\n\n"
-    while True:
-        try:
-            if after == "$":  # fixed once: "$" read afresh would miss events between reads
-                after = await anewest_id(api.aredis, stream)
-            reply = await await_entries(read, block_ms)
-        except (
-            redis.exceptions.RedisError,
-            redis.exceptions.RedisClusterException,
-            OSError,
-        ) as exc:
-            log.warning("event stream: redis unavailable (%s); retrying", type(exc).__name__)
-            yield b": redis unavailable, retrying\n\n"
-            await asyncio.sleep(1.0)
-            continue
-        if not reply:
-            yield b": keep-alive\n\n"
-            continue
-        entries = stream_entries(reply, stream)
-        after = entries[-1][0]  # past an unreadable entry too
-        out = []
-        for doc in external_events(entries, tenant):
-            data = json.dumps(doc, ensure_ascii=False)
-            out.append(f"id: {doc['stream_id']}\ndata: {data}\n\n".encode())
-        if out:
-            yield b"".join(out)
 
 
 async def get_transcript(request: Request) -> Response:
@@ -171,44 +128,8 @@ async def recall_message(request: Request) -> Response:
     api = api_of(request)
     tenant = api.tenant(request)
     internal = known_id(tenant, request)
-    message_id = request.path_params["message_id"]
-    if len(message_id) > MAX_MESSAGE_ID:
-        raise ApiError.of(
-            422, "invalid_request", f"message_id: at most {MAX_MESSAGE_ID} characters"
-        )
-    for stream_id, event in await api.completed_events(internal):
-        ref = event.compaction.transcript
-        if ref is None:
-            continue
-        try:
-            data = await anyio.to_thread.run_sync(api.transcripts.read, ref.uri)
-        except (StorageError, InvalidSnapshot):
-            continue  # pruned meanwhile
-        if hashlib.sha256(data).hexdigest() != ref.sha256:
-            log.warning("transcript %s does not match its event's sha256", ref.uri)
-            continue
-        messages = json.loads(data)["messages"]
-        ids = formats.source_ids(messages)
-        c = event.compaction
-        try:
-            start = ids.index(c.first_id)
-            last = ids.index(c.last_id, start)
-        except ValueError:
-            continue
-        if message_id in ids[start : last + 1]:
-            index = ids.index(message_id, start)
-            return JSONResponse(
-                {
-                    "conversation_id": tenant.external(event.conversation_id),
-                    "message_id": message_id,
-                    "message": messages[index],
-                    "revision": event.revision,
-                    "event_id": event.event_id,
-                    "stream_id": stream_id,
-                    "transcript_sha256": ref.sha256,
-                }
-            )
-    raise ApiError.of(404, "not_found", f"no kept compaction replaced message {message_id!r}")
+    found = await api.recall(internal, request.path_params["message_id"])
+    return JSONResponse(found | {"conversation_id": tenant.external(found["conversation_id"])})
 
 
 async def apply(request: Request) -> Response:
@@ -391,6 +312,8 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route(f"{conv}/transcripts/{{revision}}", get_transcript, methods=["GET"]),
         Route(f"{conv}/messages/{{message_id}}", recall_message, methods=["GET"]),
         Route("/v1/conversations/{conversation_id}/compacted", compacted_route, methods=["POST"]),
+        Route("/v1/conversations", list_conversations, methods=["GET"]),
+        Route(f"{conv}/compactions/{{event_id}}/restore", restore_compaction, methods=["POST"]),
         Route("/v1/apply", apply, methods=["POST"]),
         Route("/v1/webhooks", create_webhook, methods=["POST"]),
         Route("/v1/webhooks", list_webhooks, methods=["GET"]),
@@ -400,6 +323,7 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *proxy_routes(),
+        *ui_routes(),
     ]
     app = Starlette(
         routes=routes,

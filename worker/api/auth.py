@@ -16,6 +16,7 @@ With no keys, ``compactor serve`` refuses to start unless told to run without au
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import re
@@ -114,6 +115,18 @@ class ApiKeys:
         for key, tenant in self._keys:  # no early exit: the time does not tell which key
             if hmac.compare_digest(key, given):
                 found = tenant
+        return found
+
+    def has_digest(self, digest: str, tenant: Tenant) -> bool:
+        """Whether a key whose sha256 is ``digest`` still opens ``tenant`` (an inspector
+        session ends when its key is removed from the configuration)."""
+        if self.open_to is not None:
+            return tenant == self.open_to
+        given = digest.encode()
+        found = False
+        for key, owner in self._keys:
+            mine = hashlib.sha256(key).hexdigest().encode()
+            found |= hmac.compare_digest(mine, given) and owner == tenant
         return found
 
 

@@ -30,7 +30,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         401: "No API key, or not a valid one.",
         404: "No such conversation, transcript or message for this API key.",
         408: "The body did not arrive in time.",
-        409: "The event does not describe these messages.",
+        409: "The event does not describe these messages (apply), or the compaction is not "
+        "the conversation's newest or a worker is compacting it (restore).",
         413: "The body is over the limit.",
         422: "A path, query or header value, or the body, is not valid; the error names it.",
         503: "Redis (or the transcript store) is unavailable.",
@@ -202,6 +203,53 @@ def openapi() -> dict[str, Any]:
                         "created_at": {"type": "integer"},
                     },
                 },
+                "ConversationList": {
+                    "type": "object",
+                    "description": "The tenant's conversations, newest activity first.",
+                    "required": ["conversations", "next"],
+                    "properties": {
+                        "conversations": {
+                            "type": "array",
+                            "items": _ref("ConversationSummary"),
+                        },
+                        "next": {
+                            "type": ["string", "null"],
+                            "description": "The after of the next page; null on the last.",
+                        },
+                    },
+                },
+                "ConversationSummary": {
+                    "type": "object",
+                    "required": ["conversation_id", "last_activity", "events"],
+                    "properties": {
+                        "conversation_id": {"type": "string"},
+                        "last_activity": {"type": "string", "format": "date-time"},
+                        "revision": {
+                            "type": ["integer", "null"],
+                            "description": "The newest revision submitted (while kept).",
+                        },
+                        "events": {"type": "integer", "minimum": 0},
+                        "tokens": {
+                            "type": ["integer", "null"],
+                            "description": "The request's tokens after the newest outcome.",
+                        },
+                        "threshold": {"type": ["integer", "null"]},
+                        "last_outcome": {
+                            "type": ["object", "null"],
+                            "properties": {
+                                "type": {"type": "string"},
+                                "revision": {"type": "integer"},
+                                "event_id": {"type": "string"},
+                                "reason": {"type": ["string", "null"]},
+                            },
+                        },
+                    },
+                },
+                "RestoreRequest": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"reason": {"type": "string", "maxLength": 1000}},
+                },
                 "Messages": {
                     "type": "object",
                     "required": ["messages"],
@@ -323,6 +371,56 @@ def openapi() -> dict[str, Any]:
                     "responses": {
                         "200": _json(_ref("Compacted"), "The compacted history."),
                         **_errors(400, 401, 408, 413, 422, 503),
+                    },
+                }
+            },
+            "/v1/conversations": {
+                "get": {
+                    "operationId": "listConversations",
+                    "summary": "This tenant's conversations, newest activity first, with "
+                    "their size and newest outcome.",
+                    "security": _SECURE,
+                    "parameters": [
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                        },
+                        {
+                            "name": "after",
+                            "in": "query",
+                            "description": "The next of the previous page.",
+                            "schema": {"type": "string"},
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(_ref("ConversationList"), "A page of conversations."),
+                        **_errors(401, 422, 503),
+                    },
+                }
+            },
+            f"{conv}/compactions/{{event_id}}/restore": {
+                "post": {
+                    "operationId": "restoreCompaction",
+                    "summary": "Restore (undo) the conversation's newest compaction: publishes "
+                    "compaction.reverted; the next request holds what it had replaced.",
+                    "security": _SECURE,
+                    "parameters": [
+                        _CONVERSATION,
+                        {
+                            "name": "event_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"},
+                        },
+                    ],
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/json": {"schema": _ref("RestoreRequest")}},
+                    },
+                    "responses": {
+                        "200": _json(_ref("Event"), "The compaction.reverted event."),
+                        **_errors(400, 401, 404, 408, 409, 413, 422, 503),
                     },
                 }
             },

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -12,7 +15,7 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from worker.api.auth import ApiKeys, Tenant, bearer, load_api_keys
-from worker.api.common import ApiError, aredis_errors, read_body
+from worker.api.common import MAX_MESSAGE_ID, ApiError, aredis_errors, read_body
 from worker.backend import keys
 from worker.backend.redis_state import (
     connect_async,
@@ -20,7 +23,11 @@ from worker.backend.redis_state import (
 )
 from worker.client import Client
 from worker.config import Settings
-from worker.wire.events import CompletedEvent, parse_event
+from worker.errors import InvalidSnapshot, StorageError
+from worker.wire import formats
+from worker.wire.events import CompletedEvent, RevertedEvent, parse_event
+
+log = logging.getLogger(__name__)
 
 
 class Api:
@@ -65,18 +72,62 @@ class Api:
             return bool(await self.aredis.exists(keys.events(internal), keys.latest(internal)))
 
     async def completed_events(self, internal: str) -> list[tuple[str, CompletedEvent]]:
-        """The conversation's completed events in its stream, newest first."""
+        """The conversation's completed events in its stream, newest first, without those
+        restored since (a ``compaction.reverted`` names them)."""
         with aredis_errors("reading events"):
             entries = await self.aredis.xrevrange(
                 keys.events(internal), count=self.settings.redis.stream_maxlen
             )
         out = []
+        reverted: set[str] = set()
         for entry_id, fields in entries:
             with contextlib.suppress(ValueError):
                 event = parse_event(fields[b"event"])
-                if isinstance(event, CompletedEvent):
+                if isinstance(event, RevertedEvent):
+                    reverted.add(event.reverted_event_id)  # newest first: before its compaction
+                elif isinstance(event, CompletedEvent) and event.event_id not in reverted:
                     out.append((entry_id.decode(), event))
         return out
+
+    async def recall(self, internal: str, message_id: str) -> dict[str, Any]:
+        """The original of message ``message_id`` as the newest kept compaction that replaced
+        it keeps it (its transcript checked against the event's sha256), with where it came
+        from. 422 for an id over :data:`MAX_MESSAGE_ID` characters, 404 when no kept
+        compaction replaced it."""
+        if len(message_id) > MAX_MESSAGE_ID:
+            raise ApiError.of(
+                422, "invalid_request", f"message_id: at most {MAX_MESSAGE_ID} characters"
+            )
+        for stream_id, event in await self.completed_events(internal):
+            ref = event.compaction.transcript
+            if ref is None:
+                continue
+            try:
+                data = await anyio.to_thread.run_sync(self.transcripts.read, ref.uri)
+            except (StorageError, InvalidSnapshot):
+                continue  # pruned meanwhile
+            if hashlib.sha256(data).hexdigest() != ref.sha256:
+                log.warning("transcript %s does not match its event's sha256", ref.uri)
+                continue
+            messages = json.loads(data)["messages"]
+            ids = formats.source_ids(messages)
+            c = event.compaction
+            try:
+                start = ids.index(c.first_id)
+                last = ids.index(c.last_id, start)
+            except ValueError:
+                continue
+            if message_id in ids[start : last + 1]:
+                return {
+                    "conversation_id": event.conversation_id,
+                    "message_id": message_id,
+                    "message": messages[ids.index(message_id, start)],
+                    "revision": event.revision,
+                    "event_id": event.event_id,
+                    "stream_id": stream_id,
+                    "transcript_sha256": ref.sha256,
+                }
+        raise ApiError.of(404, "not_found", f"no kept compaction replaced message {message_id!r}")
 
 
 def api_of(request: Request) -> Api:

@@ -28,11 +28,15 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:announce`` | pub/sub channel | publish | none (not stored) |
 | ``cw:{conv}:proxyrev`` | string (int counter) | the HTTP proxy (INCR) | ``stream_ttl_s`` |
 | ``cw:webhooks:{tenant}`` | hash id -> JSON | ``POST /v1/webhooks`` | until deleted |
+| ``cw:tenant:{tenant}:conversations`` | zset conv -> time | submit, publish | ``stream_ttl_s`` |
+| ``cw:ui:session:{digest}`` | string (JSON) | the inspector's login | 8 hours, or logout |
 | ``cw:recent`` | stream (all conversations) | publish (after the script) | MAXLEN 1000 |
 | ``cw:pending`` | zset conv -> submit time (*) | submit, publish, reconcile | until handled |
 | ``cw:metrics`` | hash of counters | everyone | none (counters) |
 
-**The three global keys** (``cw:recent``, ``cw:pending``, ``cw:metrics``) each live in some
+**The global keys** (``cw:recent``, ``cw:pending``, ``cw:metrics``, and the per-tenant
+``cw:tenant:{tenant}:conversations``, whose member is the internal id ``tenant:conv``) each live
+in some
 slot of their own, so no script or transaction that touches a conversation touches them: they
 are written by separate single-key commands, ordered so that a crash between two of them
 leaves nothing lost, only work the reconciler does once more:
@@ -42,6 +46,10 @@ leaves nothing lost, only work the reconciler does once more:
   meanwhile, having seen the older revision, cannot leave the new one unreconciled);
 - publish and settle: ``ZREM cw:pending`` only once the script has seen the revision is the
   newest, then ``GET cw:{conv}:latest`` again and put the entry back if a newer one came;
+- submit and publish put the conversation first in its tenant's index
+  (``cw:tenant:{tenant}:conversations``: ``ZADD``, trimmed to the newest 10,000, expiring with
+  ``stream_ttl_s``) after the script, in the round trip of their other global commands; a
+  conversation whose id has no tenant prefix is in no index;
 - publish appends to ``cw:recent`` and adds its counters to ``cw:metrics`` right after the
   script said ``published``. A worker killed in between (microseconds) leaves the event in its
   conversation's stream but not in ``cw:recent`` (so no webhook) and its counters uncounted.
@@ -81,6 +89,8 @@ __all__ = [
     "queued",
     "rerun",
     "snapshot",
+    "tenant_conversations",
+    "ui_session",
     "webhooks",
 ]
 
@@ -163,3 +173,15 @@ def webhooks(tenant: str) -> str:
 RECENT = f"{PREFIX}recent"
 PENDING = f"{PREFIX}pending"
 METRICS = f"{PREFIX}metrics"
+
+
+def tenant_conversations(tenant: str) -> str:
+    """A tenant's conversations by last activity (the inspector's and ``GET /v1/conversations``'
+    index): member the internal id, score the time of its newest submit or publish."""
+    return f"{PREFIX}tenant:{tenant}:conversations"
+
+
+def ui_session(digest: str) -> str:
+    """An inspector login (``compactor serve``'s ``/ui``), by the sha256 of its session id: the
+    id itself is only ever in the browser's cookie."""
+    return f"{PREFIX}ui:session:{digest}"

@@ -18,6 +18,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -34,14 +35,21 @@ from worker.backend import keys
 from worker.backend.redis_target import DEFAULT_REDIS_URL, RedisTarget, parse_redis_url
 from worker.config import RedisConfig, Settings, redis_url
 from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
-from worker.wire.composed import ComposedCompaction
-from worker.wire.events import CompactionEvent, CompletedEvent, parse_event
+from worker.wire.composed import ComposedCompaction, without
+from worker.wire.events import (
+    CompactionEvent,
+    CompletedEvent,
+    RevertedEvent,
+    parse_event,
+    reverted_event,
+)
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
 RECENT_MAXLEN = 1000
+TENANT_INDEX_MAX = 10_000  # conversations kept in a tenant's index (the newest by activity)
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
 
 
@@ -388,6 +396,24 @@ end
 return {'published', newest}
 """
 
+# Restore (undo) the newest completed compaction: only while no worker holds the conversation
+# (it may be publishing one computed on it), only if it is still the newest, and only if the
+# composition is still the one the new one was computed from.
+_REVERT = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return {'busy', ''} end
+local head = redis.call('LINDEX', KEYS[1], 0)
+if not head or cjson.decode(head)['event_id'] ~= ARGV[1] then return {'not_newest', ''} end
+if (redis.call('GET', KEYS[2]) or '') ~= ARGV[2] then return {'changed', ''} end
+if not redis.call('SET', KEYS[5], 1, 'NX', 'EX', ARGV[6]) then return {'duplicate', ''} end
+redis.call('LPOP', KEYS[1])
+if ARGV[3] == '' then redis.call('DEL', KEYS[2])
+else redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[6]) end
+local id = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[4])
+redis.call('EXPIRE', KEYS[4], ARGV[6])
+redis.call('PUBLISH', ARGV[7], ARGV[4])
+return {'reverted', id}
+"""
+
 _TAKE = """
 redis.call('DEL', KEYS[1])
 local latest = redis.call('GET', KEYS[2])
@@ -423,6 +449,9 @@ return 0
 
 SubmitStatus = Literal["queued", "coalesced", "superseded"]
 PublishStatus = Literal["published", "duplicate"]
+# revert: done; not the newest completed compaction (or none); a worker holds the conversation
+RevertStatus = Literal["reverted", "not_newest", "busy"]
+_REVERT_ATTEMPTS = 5  # the composition changed under a revert: read it again
 
 
 @dataclass(frozen=True)
@@ -462,6 +491,7 @@ class RedisState:
         self._take = client.register_script(_TAKE)
         self._release = client.register_script(_RELEASE)
         self._unqueue = client.register_script(_UNQUEUE)
+        self._revert = client.register_script(_REVERT)
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -484,8 +514,11 @@ class RedisState:
                 ],
                 args=[packed, revision, ttl],
             )
+            pipe = self.client.pipeline(transaction=False)
             if _text(status) != "superseded":
-                self.client.zadd(keys.PENDING, {conversation_id: now}, nx=True)
+                pipe.zadd(keys.PENDING, {conversation_id: now}, nx=True)
+            self._touch_tenant(pipe, conversation_id, now)
+            pipe.execute()
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
 
     def unqueue(self, conversation_id: str, revision: int) -> bool:
@@ -646,20 +679,35 @@ class RedisState:
         if status == "lease_lost":
             raise LeaseLost(f"lost the lock on {conv} before publishing; not published")
         if status == "published":
-            self._fan_out(as_json, counters or {})
+            self._fan_out(as_json, counters or {}, conv)
             if newest and handled_revision is not None:
                 self._forget_pending(conv, handled_revision)
         return status  # type: ignore[return-value]
 
-    def _fan_out(self, as_json: str, counters: dict[str, float]) -> None:
-        """The global side of a publish, after it (keys.py): the all-conversations stream and
-        the counters, in one round trip."""
+    def _fan_out(
+        self, as_json: str, counters: dict[str, float], conversation_id: str | None = None
+    ) -> None:
+        """The global side of a publish, after it (keys.py): the all-conversations stream, the
+        counters and the tenant's index, in one round trip."""
         with redis_errors("publishing an event"):
             pipe = self.client.pipeline(transaction=False)
             pipe.xadd(keys.RECENT, {"event": as_json}, maxlen=RECENT_MAXLEN, approximate=True)
             for name, amount in counters.items():
                 pipe.hincrbyfloat(keys.METRICS, name, amount)
+            if conversation_id is not None:
+                self._touch_tenant(pipe, conversation_id, time.time())
             pipe.execute()
+
+    def _touch_tenant(self, pipe: Any, conversation_id: str, now: float) -> None:
+        """Queue on ``pipe``: the conversation first in its tenant's index, the index trimmed
+        to the newest :data:`TENANT_INDEX_MAX` and expiring with the streams."""
+        tenant = _tenant_of(conversation_id)
+        if tenant is None:
+            return
+        index = keys.tenant_conversations(tenant)
+        pipe.zadd(index, {conversation_id: now})
+        pipe.zremrangebyrank(index, 0, -TENANT_INDEX_MAX - 1)
+        pipe.expire(index, self.config.stream_ttl_s)
 
     def _forget_pending(self, conversation_id: str, revision: int | None) -> None:
         """Remove the conversation from ``cw:pending`` (its newest revision, ``revision``, or
@@ -669,6 +717,67 @@ class RedisState:
             self.client.zrem(keys.PENDING, conversation_id)
             if not _settled(self.client.get(keys.latest(conversation_id)), revision):
                 self.client.zadd(keys.PENDING, {conversation_id: time.time()}, nx=True)
+
+    def revert(
+        self, conversation_id: str, event_id: str, reason: str | None, now: datetime
+    ) -> tuple[RevertStatus, RevertedEvent | None, str]:
+        """Restore the conversation's newest completed compaction ``event_id``: publish a
+        ``compaction.reverted`` event, take the compaction out of ``cw:{conv}:last`` and put
+        the composition back to what it was before it (:func:`worker.wire.composed.without`),
+        in one step. Returns the status, the event and its stream id: ``not_newest`` when it
+        is not the newest (or there is none), ``busy`` while a worker holds the
+        conversation."""
+        for _attempt in range(_REVERT_ATTEMPTS):
+            with redis_errors("reading the newest compaction"):
+                pipe = self.client.pipeline(transaction=False)
+                pipe.lindex(keys.last_compaction(conversation_id), 0)
+                pipe.get(keys.composed(conversation_id))
+                head, stored = pipe.execute()
+            newest = _completed_events([head]) if head else []
+            if not newest or newest[0].event_id != event_id:
+                return "not_newest", None, ""
+            composed = _composed(stored, newest)
+            back = without(composed, event_id)
+            event = reverted_event(
+                conversation_id,
+                newest[0].revision,
+                now,
+                reverted_event_id=event_id,
+                reason=reason,
+            )
+            with redis_errors("restoring a compaction"):
+                reply = self._revert(
+                    keys=[
+                        keys.last_compaction(conversation_id),
+                        keys.composed(conversation_id),
+                        keys.lock(conversation_id),
+                        keys.events(conversation_id),
+                        keys.published(conversation_id, event.event_id),
+                    ],
+                    args=[
+                        event_id,
+                        stored or b"",
+                        "" if back is None else back.to_json(),
+                        event.to_json(),
+                        self.config.stream_maxlen,
+                        self.config.stream_ttl_s,
+                        keys.announce(conversation_id),
+                    ],
+                )
+            status, stream_id = _text(reply[0]), _text(reply[1])
+            if status == "changed":
+                continue
+            if status == "reverted":
+                counters = {"compactions_reverted_total": 1.0}
+                self._fan_out(event.to_json(), counters, conversation_id)
+                return "reverted", event, stream_id
+            if status == "duplicate":  # reverted by another request just now
+                return "not_newest", None, ""
+            return status, None, ""  # type: ignore[return-value]
+        raise RedisUnavailable(
+            f"the compactions of {conversation_id} kept changing while restoring one",
+            code="redis_error",
+        )
 
     def is_published(self, conversation_id: str, event_id: str) -> bool:
         with redis_errors("checking an event"):
@@ -790,6 +899,13 @@ def _composed(stored: bytes | None, compactions: list[CompletedEvent]) -> Compos
     if compactions and compactions[-1].event_id != composed.event_id:
         return None
     return composed
+
+
+def _tenant_of(conversation_id: str) -> str | None:
+    """The tenant of an internal conversation id (``acme:c-42`` -> ``acme``, as
+    ``compactor serve`` names them), None for an id without a tenant prefix."""
+    tenant, colon, _rest = conversation_id.partition(":")
+    return tenant if colon and tenant else None
 
 
 def _settled(latest: bytes | None, revision: int | None) -> bool:

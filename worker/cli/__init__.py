@@ -30,6 +30,7 @@ from worker.cli.offline import (
 )
 from worker.cli.redis_commands import cmd_events, cmd_metrics, cmd_status, cmd_submit
 from worker.cli.services import cmd_beat, cmd_serve, cmd_up, cmd_worker
+from worker.cli.show import cmd_show
 from worker.errors import CompactorError, RejectedInput
 from worker.ops.logs import configure_logging, level_from_env
 
@@ -138,6 +139,18 @@ def _add_service_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--after", default="0", help="resume after this stream id")
     p.add_argument("--follow", action="store_true", help="wait for new events")
     p.set_defaults(func=cmd_events)
+
+    p = sub.add_parser(
+        "show",
+        parents=[one_shot],
+        help="a compaction in the terminal: the replaced messages beside what replaced them",
+    )
+    p.add_argument("conversation_id")
+    p.add_argument(
+        "--revision", type=int, help="the outcome of this revision (default: newest compaction)"
+    )
+    p.add_argument("--full", action="store_true", help="every line of every message")
+    p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("worker", parents=[common], help="run a worker (celery -A worker worker)")
     p.add_argument("--queues", help="comma-separated (default: all three)")

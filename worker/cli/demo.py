@@ -4,14 +4,10 @@ conversation at the end."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from worker.errors import (
-    CompactorError,
-)
+from worker.core.inspection import readable_messages
 from worker.wire.events import OUTCOME_TYPES
-from worker.wire.models import WireFormat
 
 
 def describe_event(event: Any) -> str:
@@ -27,6 +23,9 @@ def describe_event(event: Any) -> str:
     if event.type == "compaction.rejected":
         where = f"{event.error.field}: " if event.error.field else ""
         return f"{head}: {where}{event.reason}"
+    if event.type == "compaction.reverted":
+        why = f": {event.reason}" if event.reason else ""
+        return f"{head}: compaction {event.reverted_event_id} was restored{why}"
     if event.type == "tool_results.elided":
         shortened = ", ".join(
             f"{e.call_id} ({e.tool}) {e.bytes_before:,} → {e.bytes_after:,} bytes"
@@ -43,7 +42,7 @@ def _describe_compaction(c: Any) -> list[str]:
         f"({replaced}) are replaced; the next request holds instead these {len(c.replacement)}:"
     ]
     s = c.summary
-    for role, text in _readable_messages(c.format, c.replacement):
+    for role, text in readable_messages(c.format, c.replacement):
         lines.append(f"  ┌ {role}" + (" (the summary)" if s.text and s.text in text else ""))
         lines += [f"  │ {line}" for line in text.splitlines() or [""]]
     facts = f", {s.fidelity.kept} of {s.fidelity.checked} facts kept" if s.fidelity else ""
@@ -51,25 +50,6 @@ def _describe_compaction(c: Any) -> list[str]:
     if c.transcript is not None:
         lines.append(f"    the replaced messages are kept in {c.transcript.uri}")
     return lines
-
-
-def _readable_messages(fmt: WireFormat, wire: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(role, text) of each message, as normalized for every format (tool calls as
-    ``→ NAME ARGUMENTS``); the wire JSON for what does not normalize."""
-    from worker.wire.formats import to_messages
-
-    try:
-        messages = to_messages(fmt, wire)
-    except CompactorError:
-        return [(str(m.get("role", "?")), json.dumps(m, ensure_ascii=False)) for m in wire]
-    out = []
-    for m in messages:
-        role = f"{m.role} ({m.tool_name})" if m.tool_name else str(m.role)
-        parts = [m.content] if m.content else []
-        parts += [f"→ {call.name} {call.arguments}" for call in m.tool_calls]
-        parts += [f"[{a.kind}: {a.label}]" for a in m.attachments]
-        out.append((role, "\n".join(parts)))
-    return out
 
 
 def conversation_totals(events: list[Any]) -> list[str]:

@@ -46,6 +46,7 @@ from worker.wire.events import (
     CompletedEvent,
     FailedEvent,
     RejectedEvent,
+    RevertedEvent,
     parse_event,
 )
 from worker.wire.history import apply_compaction, range_digest
@@ -264,6 +265,9 @@ class _Core:
 
     def _drain_one(self, entry_id: str, event: CompactionEvent) -> None:
         """Apply one event read from the stream (called in stream order)."""
+        if isinstance(event, RevertedEvent):
+            self._drain_revert(entry_id, event)
+            return
         with self._lock:
             if self._floor is None:  # kept, in order, until the first submit is accepted
                 self._held.append((entry_id, event))
@@ -310,6 +314,40 @@ class _Core:
                 len(history),
                 len(compacted),
             )
+
+    def _drain_revert(self, entry_id: str, event: RevertedEvent) -> None:
+        """A compaction restored on the service (``compaction.reverted``): undone here too
+        when it is the newest applied, as :meth:`undo` does (its transcript read, unless
+        cached); one not applied yet is never applied now."""
+        with self._lock:
+            if self._floor is None:
+                self._held.append((entry_id, event))
+                return
+            self._last_event_id = entry_id
+            self._seen.add(event.reverted_event_id)
+            applied = self._revert_plan(event)
+        if applied is None:
+            return
+        try:
+            original, _ = self._transcript(applied.event)
+            self._undo_apply(applied, original)
+        except CompactorError as exc:
+            with self._lock:
+                self._skipped += 1
+                self._last_skip = f"revert of {event.reverted_event_id}: {exc.message}"
+            log.warning(
+                "cannot undo compaction %s of %s, restored on the service: %s",
+                event.reverted_event_id,
+                self.conversation_id,
+                exc.message,
+            )
+
+    def _revert_plan(self, event: RevertedEvent) -> _Applied | None:
+        """The applied compaction ``event`` restores, when it is the newest applied."""
+        with self._lock:
+            if self._applied and self._applied[-1].event.event_id == event.reverted_event_id:
+                return self._applied[-1]
+            return None
 
     def _release_held(self) -> list[tuple[str, CompactionEvent]]:
         with self._lock:
@@ -871,7 +909,12 @@ class AsyncCompactingSession(_Core):
         for item in self._release_held():
             self._drain_one(*item)
         while not self._inbox.empty():
-            self._drain_one(*self._inbox.get_nowait())
+            entry_id, event = self._inbox.get_nowait()
+            if isinstance(event, RevertedEvent) and (plan := self._revert_plan(event)):
+                # the transcript of an undo is read off the loop (then cached)
+                with contextlib.suppress(CompactorError):
+                    await asyncio.to_thread(self._transcript, plan.event)
+            self._drain_one(entry_id, event)
         for item in self._release_held():
             self._drain_one(*item)
 

@@ -13,6 +13,10 @@ The messages it replaces are checked by a chained digest (each message's canonic
 and the hashes chained in order), so that folding in a later compaction only hashes the messages
 it adds: the record never holds a list of the messages it covers, however long the conversation.
 
+Each record also keeps the composition it replaced (``previous``, one level: its own
+``previous`` is dropped), so that the newest compaction can be restored (undone) by putting that
+back (:func:`without`); its size stays bounded by two compactions' replacements.
+
 Pure: no Redis, no network, no clock.
 """
 
@@ -29,15 +33,17 @@ from worker.wire import formats
 from worker.wire.events import CompletedEvent
 from worker.wire.models import WireFormat, canonical_json
 
-__all__ = ["ComposedCompaction", "apply_composed", "chain_digest", "compose"]
+__all__ = ["ComposedCompaction", "apply_composed", "chain_digest", "compose", "without"]
 
 
 class ComposedCompaction(BaseModel):
     """All completed compactions of a conversation, as one edit of its full history: the
     ``count`` wire messages from position ``start`` (the first has the id ``first_id``, and
     their chained digest is ``digest``) read as ``replacement``. ``compactions`` is how many are
-    folded in; ``event_id`` and ``revision`` name the newest. Stored beside the conversation
-    (``cw:{conv}:composed``), read tolerantly like an event."""
+    folded in; ``event_id`` and ``revision`` name the newest; ``previous``: the composition
+    before the newest was folded in (one level; None for the first, or in records of versions
+    before it existed). Stored beside the conversation (``cw:{conv}:composed``), read
+    tolerantly like an event."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -51,6 +57,7 @@ class ComposedCompaction(BaseModel):
     compactions: int
     event_id: str
     revision: int
+    previous: ComposedCompaction | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -93,8 +100,9 @@ def compose(
     extend what is covered. Otherwise (no prior, another format, a history the agent edited or
     undid) the composition starts afresh from ``event`` alone."""
     c = event.compaction
+    before = None if prior is None else prior.model_copy(update={"previous": None})
     if prior is not None and _holds(prior, view, c.format, c.start):
-        return _extend(prior, view, event)
+        return _extend(prior, view, event).model_copy(update={"previous": before})
     return ComposedCompaction(
         conversation_id=event.conversation_id,
         format=c.format,
@@ -106,7 +114,18 @@ def compose(
         compactions=1,
         event_id=event.event_id,
         revision=event.revision,
+        previous=before,
     )
+
+
+def without(composed: ComposedCompaction | None, event_id: str) -> ComposedCompaction | None:
+    """The composition with compaction ``event_id`` (the newest) restored: the one before it
+    was folded in. None when there is none to go back to: ``composed`` is not that
+    compaction's, or it was the first, or its ``previous`` is gone (two restores in a row).
+    Without a composition, readers apply the remaining compactions one by one."""
+    if composed is None or composed.event_id != event_id:
+        return None
+    return composed.previous
 
 
 def _holds(prior: ComposedCompaction, view: list[dict[str, Any]], fmt: str, start: int) -> bool:

@@ -28,6 +28,7 @@ EventType = Literal[
     "compaction.failed",
     "compaction.rejected",
     "tool_results.elided",
+    "compaction.reverted",
 ]
 
 
@@ -236,6 +237,17 @@ class ElidedEvent(_Event):
     elided: list[ElidedResult]
 
 
+class RevertedEvent(_Event):
+    """A completed compaction was restored (undone) on request: ``reverted_event_id`` names
+    it. A reader that applied it puts back what it replaced (``CompactingSession`` does);
+    one that has not applies it no more. ``revision`` is the reverted compaction's;
+    ``reason``: what the person who restored it said, if anything."""
+
+    type: Literal["compaction.reverted"] = "compaction.reverted"
+    reverted_event_id: str
+    reason: str | None = None
+
+
 class OtherEvent(_Event):
     """An event of a type this version does not know (published by a newer one): kept, with
     its fields, so that a stream never becomes unreadable."""
@@ -251,6 +263,7 @@ _KNOWN = {
     "compaction.failed",
     "compaction.rejected",
     "tool_results.elided",
+    "compaction.reverted",
 }
 
 
@@ -265,13 +278,14 @@ CompactionEvent = Annotated[
     | Annotated[FailedEvent, Tag("compaction.failed")]
     | Annotated[RejectedEvent, Tag("compaction.rejected")]
     | Annotated[ElidedEvent, Tag("tool_results.elided")]
+    | Annotated[RevertedEvent, Tag("compaction.reverted")]
     | Annotated[OtherEvent, Tag("other")],
     Discriminator(_event_kind),
 ]
-# The five types this version publishes, discriminated by ``type`` (the JSON Schema of "an event"
+# The six types this version publishes, discriminated by ``type`` (the JSON Schema of "an event"
 # is made from it; readers use :data:`CompactionEvent`, which also keeps unknown types).
 PublishedEvent = Annotated[
-    CompletedEvent | SkippedEvent | FailedEvent | RejectedEvent | ElidedEvent,
+    CompletedEvent | SkippedEvent | FailedEvent | RejectedEvent | ElidedEvent | RevertedEvent,
     Field(discriminator="type"),
 ]
 OUTCOME_TYPES = frozenset(
@@ -385,4 +399,24 @@ def completed_event(
         created_at=now,
         trigger=trigger,
         compaction=compaction,
+    )
+
+
+def reverted_event(
+    conversation_id: str,
+    revision: int,
+    now: datetime,
+    *,
+    reverted_event_id: str,
+    reason: str | None = None,
+) -> RevertedEvent:
+    """``revision``: the reverted compaction's. A compaction is reverted at most once (it is no
+    longer the newest afterwards), so its id alone tells the revert apart."""
+    return RevertedEvent(
+        event_id=event_id_for(conversation_id, revision, "compaction.reverted", reverted_event_id),
+        conversation_id=conversation_id,
+        revision=revision,
+        created_at=now,
+        reverted_event_id=reverted_event_id,
+        reason=reason,
     )

@@ -34,6 +34,7 @@ from worker.wire.events import (
     FailedEvent,
     PublishedEvent,
     RejectedEvent,
+    RevertedEvent,
     SkippedEvent,
 )
 from worker.wire.models import Snapshot
@@ -64,6 +65,7 @@ SCHEMAS: dict[str, Source] = {
     "compaction.failed.schema.json": Source(FailedEvent, "serialization"),
     "compaction.rejected.schema.json": Source(RejectedEvent, "serialization"),
     "tool_results.elided.schema.json": Source(ElidedEvent, "serialization"),
+    "compaction.reverted.schema.json": Source(RevertedEvent, "serialization"),
 }
 
 
