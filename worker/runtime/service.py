@@ -218,13 +218,14 @@ class Service:
         parsed = self._parse(conversation_id, work)
         if parsed is None:
             return "expired" if work.payload is None else "rejected"
-        verdict = self.pipeline.evaluate(parsed)
+        context = self.pipeline.context(parsed)  # one tokenizer and policy for both steps
+        verdict = self.pipeline.evaluate(context)
         if verdict.skipped is not None:  # an earlier compaction already brought it under
             self.state.publish(verdict.skipped, fencing_token=token, handled_revision=latest)
             return "skipped"
         started = time.monotonic()
         event = self.pipeline.compact(
-            parsed,
+            context,
             verdict.evaluation,
             already_published=lambda event_id: self.state.is_published(conversation_id, event_id),
         )
