@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from service_support import (  # noqa: F401 - fixtures: a real Redis
     conversation,
@@ -81,22 +82,25 @@ def dumps(snap: dict[str, Any]) -> bytes:
     return json.dumps(snap).encode()
 
 
-def warm_up(svc: Service, tmp_path: Path) -> None:
-    """Run every script once on another conversation, so that Redis has them cached and the
-    watched calls hold no first EVALSHA that Redis refused (NOSCRIPT) and its retry."""
+@pytest.fixture
+def svc(redis_url: str, tmp_path: Path) -> Iterator[Service]:
+    """A service whose scripts have each run once, on other conversations: Redis has them
+    cached, so the watched calls hold no first EVALSHA that Redis refused (NOSCRIPT) and its
+    retry."""
+    svc = service(redis_url, tmp_path)
     submit(svc, conversation("c-warm", 6, window=1_000_000))
     assert svc.evaluate("c-warm") == "skipped"
     big = conversation("c-warm-big", 6, window=2000)
     submit(svc, big)
     assert svc.evaluate("c-warm-big") == "queued"
     assert svc.summarize("c-warm-big", big["revision"]) == "completed"
+    yield svc
+    svc.state.client.close()
 
 
 def test_an_evaluation_publishes_its_elided_and_skipped_events_in_one_script_call(
-    redis_url: str, tmp_path: Path
+    redis_url: str, svc: Service
 ) -> None:
-    svc = service(redis_url, tmp_path)
-    warm_up(svc, tmp_path)
     snap = conversation("c-one", 6, window=1_000_000)
     submit(svc, snap)
     before = svc.state.counters()
@@ -125,10 +129,8 @@ def test_an_evaluation_publishes_its_elided_and_skipped_events_in_one_script_cal
 
 
 def test_a_compaction_takes_the_lock_and_checks_its_revision_in_one_call(
-    redis_url: str, tmp_path: Path
+    redis_url: str, svc: Service
 ) -> None:
-    svc = service(redis_url, tmp_path)
-    warm_up(svc, tmp_path)
     snap = conversation("c-lock", 6, window=2000)
     submit(svc, snap)
     assert svc.evaluate("c-lock") == "queued"
