@@ -21,18 +21,17 @@ from corpus import conversations
 
 import worker
 from worker.config import Settings
-from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
+from worker.pipeline import Adapters, Pipeline
 from worker.reuse import Reuse
 from worker.transcripts.filesystem import FileStore
-from worker.wire.snapshots import parse_snapshot
 
 MIN_THRESHOLD = 4000
 
 
 def with_small_window(snapshot: dict[str, Any]) -> dict[str, Any]:
     """As bench/corpus_compact_bench.py (repeated here so that older trees run this too)."""
-    parsed = parse_snapshot(snapshot, Settings())
-    tokens = evaluate(parsed, tokenizer_of(parsed, Reuse())).projected_tokens
+    probe = Pipeline(Settings(), Adapters(store=FileStore(Path(tempfile.gettempdir()))), Reuse())
+    tokens = probe.evaluate(probe.parse(snapshot)).evaluation.projected_tokens
     threshold = max(tokens // 2, MIN_THRESHOLD)
     return {**snapshot, "model": {**snapshot["model"], "context_window": threshold * 4 // 3 + 1}}
 

@@ -327,7 +327,7 @@ def regrowth(size: int, grow: int) -> dict[str, float]:
     worker does (from the payload bytes): cold (a process that never saw it, no memo); in the
     process that evaluated it before (its last parse and counted projection reused); and in
     another process that has only the conversation's memo from Redis."""
-    from worker.pipeline import StoredBlob, evaluate_with_memo
+    from worker.pipeline import StoredBlob, evaluate_with_memo, snapshot_context
     from worker.reuse import Reuse
 
     base = json.dumps(snapshot("g", size)).encode()
@@ -352,20 +352,21 @@ def regrowth(size: int, grow: int) -> dict[str, float]:
     def warm() -> float:
         fresh()
         earlier = parse_snapshot(base, settings)
-        first, update = evaluate_with_memo(earlier, reuse, None)
+        first, update = evaluate_with_memo(snapshot_context(earlier, reuse), reuse, None)
 
         def again() -> None:
             parsed = parse_snapshot(grown, settings, earlier=earlier)
             assert update.stored is not None
             known = StoredBlob(update.stored.digest)  # the store sends only the digest
-            evaluate_with_memo(parsed, reuse, known, update.stored, first.counted)
+            context = snapshot_context(parsed, reuse)
+            evaluate_with_memo(context, reuse, known, update.stored, first.counted)
 
         return timed(again)
 
     def other_process() -> float:
         fresh()
         earlier = parse_snapshot(base, settings)
-        _, update = evaluate_with_memo(earlier, reuse, None)
+        _, update = evaluate_with_memo(snapshot_context(earlier, reuse), reuse, None)
         fresh()
         assert update.blob is not None and update.stored is not None
         memo = StoredBlob(update.stored.digest, update.blob)
@@ -399,8 +400,12 @@ def tokenize_only_ms(size: int) -> float:
 
 
 def _parsed(payload: bytes, settings: Settings, earlier: Any, reuse: Any) -> tuple[Any, Any]:
+    """The snapshot's context and the process's reuse: the first arguments of
+    ``evaluate_with_memo``."""
+    from worker.pipeline import snapshot_context
+
     parsed = parse_snapshot(payload, settings, earlier=earlier)
-    return parsed, reuse
+    return snapshot_context(parsed, reuse), reuse
 
 
 def scaling_rows(

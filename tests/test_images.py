@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from worker.config import LLMConfig, Settings
-from worker.pipeline import Adapters, Pipeline, evaluate
+from worker.pipeline import Adapters, Pipeline, SnapshotContext, evaluate
 from worker.summarize import SummaryRequest
 from worker.summarize.digest import DigestSummarizer
 from worker.summarize.llm import LLMSummarizer
@@ -214,7 +214,7 @@ def _snap(messages: list[dict[str, Any]], fmt: str = "openai", **config: Any) ->
 
 def _tokens(snap: dict[str, Any]) -> int:
     parsed = parse_snapshot(snap, Settings())
-    return evaluate(parsed, tokenizer_for("gpt-4.1")).projected_tokens
+    return evaluate(SnapshotContext.of(parsed, tokenizer_for("gpt-4.1"))).projected_tokens
 
 
 def _data_url_part(detail: str = "high") -> dict[str, Any]:

@@ -15,7 +15,13 @@ from service_support import redis_server, redis_url  # noqa: F401 - fixtures: a 
 from worker.cache import ContentCache, Recorder
 from worker.config import Settings
 from worker.errors import InvalidSnapshot
-from worker.pipeline import StoredBlob, evaluate, evaluate_with_memo, tokenizer_of
+from worker.pipeline import (
+    StoredBlob,
+    evaluate,
+    evaluate_with_memo,
+    snapshot_context,
+    tokenizer_of,
+)
 from worker.reuse import Reuse
 from worker.reuse.memo import (
     MAX_MEMO_BYTES,
@@ -166,20 +172,22 @@ def test_a_grown_conversation_on_another_process_computes_only_its_new_messages(
 ) -> None:
     reuse = Reuse()
     first = parse_snapshot(conversation(6), DEFAULT)
-    _, update = evaluate_with_memo(first, reuse, None)
+    _, update = evaluate_with_memo(snapshot_context(first, reuse), reuse, None)
     assert update.blob is not None
     assert update.results_compressed == 6
 
     reuse = Reuse()  # the next snapshot lands on another process
     grown = parse_snapshot(conversation(8, revision=2), DEFAULT)
-    with_memo, after = evaluate_with_memo(grown, reuse, stored_blob(update.blob))
+    with_memo, after = evaluate_with_memo(
+        snapshot_context(grown, reuse), reuse, stored_blob(update.blob)
+    )
     assert after.results_compressed == 2  # the two new tool results
     # Two new exchanges: the assistant's text and arguments, the results, and their
     # compressed forms; the rest came from the memo.
     assert 0 < after.texts_tokenized <= 8
 
     reuse = Reuse()
-    without = evaluate(grown, tokenizer_of(grown, reuse), compressed=reuse.compressed)
+    without = evaluate(snapshot_context(grown, reuse))
     assert with_memo.projected_tokens == without.projected_tokens
     assert with_memo.projection.messages == without.projection.messages
 
@@ -194,29 +202,29 @@ def test_a_process_that_made_the_memo_does_not_load_it_again(
 ) -> None:
     reuse = Reuse()
     first = parse_snapshot(conversation(10), DEFAULT)
-    _, made = evaluate_with_memo(first, reuse, None)
+    _, made = evaluate_with_memo(snapshot_context(first, reuse), reuse, None)
     assert made.blob is not None and made.stored is not None
     grown = parse_snapshot(conversation(11, revision=2), DEFAULT)  # 23 messages: no rewrite
     calls: list[bytes | None] = []
-    import worker.pipeline as pipeline
+    import worker.pipeline.memo as pipeline_memo
 
-    real = pipeline.decode_memo
-    monkeypatch.setattr(pipeline, "decode_memo", lambda b: calls.append(b) or real(b))
+    real = pipeline_memo.decode_memo
+    monkeypatch.setattr(pipeline_memo, "decode_memo", lambda b: calls.append(b) or real(b))
     # The store sends only the digest to a reader that knows it.
     digest_only = StoredBlob(made.stored.digest)
-    _, again = evaluate_with_memo(grown, reuse, digest_only, made.stored)
+    _, again = evaluate_with_memo(snapshot_context(grown, reuse), reuse, digest_only, made.stored)
     assert calls == [] and again.stored == made.stored
     # After evictions the process may lack some entries; it computes those again.
     tokenizer = tokenizer_of(grown, reuse)
     assert isinstance(tokenizer, TiktokenTokenizer)
     tokenizer.cache.evictions += 1
-    _, later = evaluate_with_memo(grown, reuse, digest_only, made.stored)
+    _, later = evaluate_with_memo(snapshot_context(grown, reuse), reuse, digest_only, made.stored)
     assert calls == [] and later.stored is not None
     assert later.stored.evictions == made.stored.evictions + 1
     # Another process's memo (another digest) is loaded.
     other = encode_memo({}, messages=9)
     assert other is not None
-    evaluate_with_memo(grown, reuse, stored_blob(other), made.stored)
+    evaluate_with_memo(snapshot_context(grown, reuse), reuse, stored_blob(other), made.stored)
     assert calls == [other]
 
 
@@ -547,9 +555,7 @@ def evaluated_in_steps(snapshots: list[dict[str, Any]]) -> list[Any]:
     out, parsed, counted = [], None, None
     for snap in snapshots:
         parsed = parse_snapshot(snap, DEFAULT, earlier=parsed)
-        evaluation = evaluate(
-            parsed, tokenizer_of(parsed, reuse), counted, compressed=reuse.compressed
-        )
+        evaluation = evaluate(snapshot_context(parsed, reuse), counted)
         counted = evaluation.counted
         out.append(evaluation)
     return out
@@ -563,7 +569,7 @@ def test_a_reused_counted_projection_is_the_full_evaluation(config: dict[str, An
     steps.append(grep_conversation(4, revision=9, **config))  # history rewritten shorter
     for snap, reused in zip(steps, evaluated_in_steps(steps), strict=True):
         full_parse = parse_snapshot(snap, DEFAULT)
-        full = evaluate(full_parse, tokenizer_of(full_parse, reuse), compressed=reuse.compressed)
+        full = evaluate(snapshot_context(full_parse, reuse))
         assert reused.projected_tokens == full.projected_tokens
         assert reused.projection.messages == full.projection.messages
         assert reused.projection.bodies == full.projection.bodies
@@ -579,19 +585,17 @@ def test_only_new_messages_are_projected_when_the_prefix_is_reused(
 
     first, second = grep_conversation(5), grep_conversation(6, revision=2)
     parsed = parse_snapshot(first, DEFAULT)
-    counted = evaluate(parsed, tokenizer_of(parsed, reuse), compressed=reuse.compressed).counted
+    counted = evaluate(snapshot_context(parsed, reuse)).counted
     seen: list[int] = []
     real = projection.count_message_tokens
     monkeypatch.setattr(
         projection, "count_message_tokens", lambda m, t: seen.append(m.source_index) or real(m, t)
     )
     grown = parse_snapshot(second, DEFAULT, earlier=parsed)
-    evaluate(grown, tokenizer_of(grown, reuse), counted, compressed=reuse.compressed)
+    evaluate(snapshot_context(grown, reuse), counted)
     assert seen == [11, 12]
     seen.clear()
-    evaluate(
-        grown, tokenizer_of(grown, reuse), None, compressed=reuse.compressed
-    )  # without a prior: every message
+    evaluate(snapshot_context(grown, reuse), None)  # without a prior: every message
     assert len(seen) == 13
 
 
@@ -606,12 +610,14 @@ def test_a_memo_written_by_a_process_that_reuses_is_still_complete(
     while n < 20 or (stored is not None and stored.messages == 2 * n + 1):
         n += 1  # one exchange per turn; the memo is rewritten every few turns
         parsed = parse_snapshot(grep_conversation(n, revision=n), DEFAULT, earlier=parsed)
-        evaluation, update = evaluate_with_memo(parsed, reuse, stored_blob(blob), stored, counted)
+        evaluation, update = evaluate_with_memo(
+            snapshot_context(parsed, reuse), reuse, stored_blob(blob), stored, counted
+        )
         counted, stored, blob = evaluation.counted, update.stored, update.blob or blob
     assert stored is not None and stored.messages < 2 * n + 1  # the memo is behind
     reuse = Reuse()
     last = parse_snapshot(grep_conversation(n, revision=n), DEFAULT)
-    _, other = evaluate_with_memo(last, reuse, stored_blob(blob))
+    _, other = evaluate_with_memo(snapshot_context(last, reuse), reuse, stored_blob(blob))
     assert other.results_compressed == (2 * n + 1 - stored.messages) // 2
 
 
@@ -651,9 +657,9 @@ def test_a_tool_name_with_a_nul_does_not_borrow_another_results_body(
     }
     for snap in (first, second):
         parsed = parse_snapshot(snap, DEFAULT)
-        warm = evaluate(parsed, tokenizer_of(parsed, reuse), compressed=reuse.compressed)
+        warm = evaluate(snapshot_context(parsed, reuse))
         reuse = Reuse()
-        cold = evaluate(parsed, tokenizer_of(parsed, reuse), compressed=reuse.compressed)
+        cold = evaluate(snapshot_context(parsed, reuse))
         assert warm.projection.messages == cold.projection.messages
 
 
@@ -706,15 +712,19 @@ def test_a_memo_too_big_to_store_is_not_tried_again_on_every_evaluation(
     reuse = Reuse()
     monkeypatch.setattr(memo, "MAX_MEMO_BYTES", 10)
     first = parse_snapshot(conversation(10), DEFAULT)
-    one, made = evaluate_with_memo(first, reuse, None)
+    one, made = evaluate_with_memo(snapshot_context(first, reuse), reuse, None)
     assert made.blob is None and made.stored is not None and made.stored.digest == ""
     grown = parse_snapshot(conversation(11, revision=2), DEFAULT, earlier=first)
     encoded: list[int] = []
     real = memo.encode_memo
-    import worker.pipeline as pipeline
+    import worker.pipeline.memo as pipeline_memo
 
-    monkeypatch.setattr(pipeline, "encode_memo", lambda r, **k: encoded.append(1) or real(r, **k))
-    _, again = evaluate_with_memo(grown, reuse, None, made.stored, one.counted)
+    monkeypatch.setattr(
+        pipeline_memo, "encode_memo", lambda r, **k: encoded.append(1) or real(r, **k)
+    )
+    _, again = evaluate_with_memo(
+        snapshot_context(grown, reuse), reuse, None, made.stored, one.counted
+    )
     assert encoded == [] and again.stored == made.stored
 
 

@@ -163,7 +163,7 @@ def test_reconcile_leaves_live_leases_alone_and_requeues_each_conversation_once_
         svc.state.store_snapshot(conv, 1, json.dumps(conversation(conv, 2)).encode())
     long_ago = time.time() - 10 * after_s
     client.zadd("cw:pending", {"c-dead": long_ago, "c-busy": long_ago})
-    token = svc.state.acquire_lock("c-busy", 20.0)
+    token = svc.state.acquire_lock("c-busy", 20.0).token
     assert token is not None
 
     assert svc.reconcile() == ["c-dead"]
@@ -178,6 +178,34 @@ def test_reconcile_leaves_live_leases_alone_and_requeues_each_conversation_once_
     client.zadd("cw:pending", {"c-busy": long_ago})
     assert svc.reconcile() == ["c-busy"]
     assert queued == ["c-dead", "c-busy"]
+
+
+@pytest.mark.parametrize("revision", [None, 3, 4, 5])
+def test_the_lock_is_refused_for_a_handled_revision_whoever_holds_it(
+    open_client: Any, tmp_path: Path, revision: int | None
+) -> None:
+    """One step takes the lock, or refuses it: for a revision that has an outcome already
+    (then nothing is written), or while another worker holds it."""
+    state = service(open_client(), tmp_path).state
+    client = open_client()
+    client.set(keys.handled("c-claim"), 4)
+
+    def take() -> Any:
+        return state.acquire_lock("c-claim", 20.0, unless_handled=revision)
+
+    first = take()
+    if revision is not None and revision <= 4:
+        assert (first.status, first.token) == ("handled", None)
+        assert not client.exists(keys.lock("c-claim"), keys.fence("c-claim"))
+        return
+    assert first.status == "taken" and first.token is not None
+    assert client.get(keys.lock("c-claim")).decode() == first.token
+    again = take()
+    assert (again.status, again.token) == ("held", None)
+    client.set(keys.handled("c-claim"), 5)  # handled meanwhile: refused as such, even held
+    assert take().status == ("held" if revision is None else "handled")
+    state.release_lock("c-claim", first.token)
+    assert take().status == ("taken" if revision is None else "handled")
 
 
 def test_a_follower_whose_cancellation_was_swallowed_stops_at_the_next_slice() -> None:

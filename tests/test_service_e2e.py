@@ -34,7 +34,7 @@ from service_support import (  # noqa: F401 - fixtures
 from worker.backend.queues import EVALUATE_QUEUE, broker_connection
 from worker.client import EventMismatch, apply_compaction
 from worker.config import Settings, load_settings
-from worker.pipeline import evaluate, tokenizer_of, tokens_of
+from worker.pipeline import evaluate, snapshot_context, tokens_of
 from worker.reuse import Reuse
 from worker.tokens import tokenizer_for
 from worker.wire.snapshots import parse_snapshot
@@ -133,7 +133,7 @@ def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(ser
     parsed = parse_snapshot(grown, load_settings(workers.config, environ={}))
     assert (
         events[-1].trigger.projected_tokens
-        == evaluate(parsed, tokenizer_of(parsed, Reuse())).projected_tokens
+        == evaluate(snapshot_context(parsed, Reuse())).projected_tokens
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 from worker.config import Settings
 from worker.core.projection import count_message_tokens
 from worker.errors import InvalidSnapshot
-from worker.pipeline import Adapters, Pipeline, evaluate, tokenizer_of
+from worker.pipeline import Adapters, Pipeline, SnapshotContext, evaluate, snapshot_context
 from worker.reuse import Reuse
 from worker.tokens import CalibratedEstimateTokenizer, TiktokenTokenizer, tokenizer_for
 from worker.transcripts.filesystem import FileStore
@@ -79,7 +79,7 @@ K = 48  # the last request held the 48 conversation messages; two came after it
 
 def _evaluate(snap: dict[str, Any]):  # type: ignore[no-untyped-def]
     parsed = parse_snapshot(snap, Settings())
-    return parsed, evaluate(parsed, tokenizer_of(parsed, Reuse()))
+    return parsed, evaluate(snapshot_context(parsed, Reuse()))
 
 
 def test_usage_counts_the_prefix_and_only_later_messages_are_counted() -> None:
@@ -101,7 +101,7 @@ def test_tiktoken_alone_would_count_far_less_and_not_compact() -> None:
     parsed, without = _evaluate(claude_snapshot(None))
     exact = tokenizer_for("gpt-4o")
     assert isinstance(exact, TiktokenTokenizer)
-    tiktoken_count = evaluate(parsed, exact).projected_tokens
+    tiktoken_count = evaluate(SnapshotContext.of(parsed, exact)).projected_tokens
     assert tiktoken_count < 60_000 < 150_000  # "far less"
     assert without.counted_by == "estimate" and not without.over_threshold
     # The calibrated estimate stays near tiktoken's count (BENCHMARKS.md: within ~20 %).
@@ -198,7 +198,8 @@ def test_openai_models_are_still_counted_exactly() -> None:
     parsed, evaluation = _evaluate(snap)
     assert evaluation.counted_by == "tiktoken"
     assert (
-        evaluation.projected_tokens == evaluate(parsed, tokenizer_for("gpt-4.1")).projected_tokens
+        evaluation.projected_tokens
+        == evaluate(SnapshotContext.of(parsed, tokenizer_for("gpt-4.1"))).projected_tokens
     )
     with_usage = snap | {"usage": {"input_tokens": 60_000, "message_count": K}}
     assert _evaluate(with_usage)[1].counted_by == "usage+tiktoken"

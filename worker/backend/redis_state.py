@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -370,30 +370,42 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# Publishes one or more events of a conversation, in order; the last is the outcome, whose
+# handled revision, memo and compaction are recorded with it, only if it is published. KEYS: the
+# stream, lock, handled, last, latest, memo, composed, then each event's published flag. ARGV
+# from 13 on: each event's JSON. Replies {newest, status of each event} or {'lease_lost'}.
 _PUBLISH = """
-if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return {'lease_lost', 0} end
-if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[2]) then return {'duplicate', 0} end
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('PUBLISH', ARGV[12], ARGV[1])
-local newest = 0
-if ARGV[6] ~= '' then
-  local handled = tonumber(redis.call('GET', KEYS[4]) or '-1')
-  if tonumber(ARGV[6]) > handled then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[3]) end
-  local latest = tonumber(redis.call('GET', KEYS[6]) or '-1')
-  if tonumber(ARGV[6]) >= latest then newest = 1 end
+if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'lease_lost'} end
+local reply = {0}
+for i = 13, #ARGV do
+  if redis.call('SET', KEYS[i - 5], 1, 'NX', 'EX', ARGV[12]) then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i])
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+    redis.call('PUBLISH', ARGV[5], ARGV[i])
+    reply[#reply + 1] = 'published'
+  else
+    reply[#reply + 1] = 'duplicate'
+  end
 end
-if ARGV[9] ~= '' then
-  redis.call('HSET', KEYS[7], 'd', ARGV[11], 'b', ARGV[9])
-  redis.call('EXPIRE', KEYS[7], ARGV[10])
+if reply[#reply] ~= 'published' then return reply end
+local outcome = ARGV[#ARGV]
+if ARGV[2] ~= '' then
+  local handled = tonumber(redis.call('GET', KEYS[3]) or '-1')
+  if tonumber(ARGV[2]) > handled then redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[3]) end
+  local latest = tonumber(redis.call('GET', KEYS[5]) or '-1')
+  if tonumber(ARGV[2]) >= latest then reply[1] = 1 end
 end
-if ARGV[7] == '1' then
-  redis.call('LPUSH', KEYS[5], ARGV[1])
-  redis.call('LTRIM', KEYS[5], 0, ARGV[8] - 1)
-  redis.call('EXPIRE', KEYS[5], ARGV[3])
-  if ARGV[13] ~= '' then redis.call('SET', KEYS[8], ARGV[13], 'EX', ARGV[3]) end
+if ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[6], 'd', ARGV[10], 'b', ARGV[8])
+  redis.call('EXPIRE', KEYS[6], ARGV[9])
 end
-return {'published', newest}
+if ARGV[6] == '1' then
+  redis.call('LPUSH', KEYS[4], outcome)
+  redis.call('LTRIM', KEYS[4], 0, ARGV[7] - 1)
+  redis.call('EXPIRE', KEYS[4], ARGV[3])
+  if ARGV[11] ~= '' then redis.call('SET', KEYS[7], ARGV[11], 'EX', ARGV[3]) end
+end
+return reply
 """
 
 # Restore (undo) the newest completed compaction: only while no worker holds the conversation
@@ -427,12 +439,17 @@ return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1),
         memo, redis.call('GET', KEYS[7]) or false}
 """
 
+# Takes the lock unless another worker holds it or (ARGV[3], when given) that revision has an
+# outcome already: {'taken', token}, {'held'} or {'handled'}.
 _ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+if ARGV[3] ~= '' and tonumber(redis.call('GET', KEYS[3]) or '-1') >= tonumber(ARGV[3]) then
+  return {'handled'}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'held'} end
 local token = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
-return tostring(token)
+return {'taken', tostring(token)}
 """
 
 _RENEW = """
@@ -452,12 +469,22 @@ PublishStatus = Literal["published", "duplicate"]
 # revert: done; not the newest completed compaction (or none); a worker holds the conversation
 RevertStatus = Literal["reverted", "not_newest", "busy"]
 _REVERT_ATTEMPTS = 5  # the composition changed under a revert: read it again
+LockStatus = Literal["taken", "held", "handled"]
 
 
 @dataclass(frozen=True)
 class SubmitResult:
     status: SubmitStatus
     revision: int  # the conversation's newest revision now known
+
+
+@dataclass(frozen=True)
+class LockClaim:
+    """What asking for a conversation's lock got: ``taken``, with the fencing token; or none,
+    because another worker ``held`` it, or the revision asked about was ``handled`` already."""
+
+    status: LockStatus
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -561,19 +588,28 @@ class RedisState:
             composed=_composed(reply[6], compactions),
         )
 
-    def handled_revision(self, conversation_id: str) -> int:
-        with redis_errors("reading the handled revision"):
-            value = self.client.get(keys.handled(conversation_id))
-        return int(value) if value is not None else -1
-
-    def acquire_lock(self, conversation_id: str, lease_s: float) -> str | None:
-        """A fencing token when this worker now holds the conversation, else None."""
+    def acquire_lock(
+        self, conversation_id: str, lease_s: float, *, unless_handled: int | None = None
+    ) -> LockClaim:
+        """Take the conversation's lock for ``lease_s``, with a fresh fencing token, unless
+        another worker holds it or, with ``unless_handled``, that revision has an outcome
+        already: both checked in the same step as the taking."""
         with redis_errors("taking the conversation lock"):
-            token = self._acquire(
-                keys=[keys.lock(conversation_id), keys.fence(conversation_id)],
-                args=[int(lease_s * 1000), self.config.stream_ttl_s],
+            reply = self._acquire(
+                keys=[
+                    keys.lock(conversation_id),
+                    keys.fence(conversation_id),
+                    keys.handled(conversation_id),
+                ],
+                args=[
+                    int(lease_s * 1000),
+                    self.config.stream_ttl_s,
+                    "" if unless_handled is None else unless_handled,
+                ],
             )
-        return _text(token) if token else None
+        status = _text(reply[0])
+        token = _text(reply[1]) if status == "taken" else None
+        return LockClaim(status=status, token=token)  # type: ignore[arg-type]
 
     def renew_lock(self, conversation_id: str, token: str, lease_s: float) -> bool:
         with redis_errors("renewing the conversation lock"):
@@ -628,6 +664,7 @@ class RedisState:
         self,
         event: CompactionEvent,
         *,
+        ahead: Sequence[CompactionEvent] = (),
         fencing_token: str | None = None,
         handled_revision: int | None = None,
         counters: dict[str, float] | None = None,
@@ -638,60 +675,71 @@ class RedisState:
     ) -> PublishStatus:
         """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
         record the handled revision, add ``counters`` and store the conversation's evaluation
-        ``memo``. Raises LeaseLost if the fencing token is stale.
+        ``memo``; all of it only if ``event`` is published now, not a duplicate. Raises
+        LeaseLost if the fencing token is stale. The status is ``event``'s.
 
-        ``dedup_ttl_s``: how long the event id is remembered against a second publish (default
-        ``stream_ttl_s``); an event that only a redelivery could publish again needs it only as
-        long as a redelivery can come. ``composed``: with a completed event, every compaction
-        so far as one edit (stored in the same step, so it always includes the newest)."""
+        ``ahead``: events of the same conversation to append before ``event`` in the same step
+        (one round trip), each once by its own id; they record nothing else.
+        ``dedup_ttl_s``: how long the event ids are remembered against a second publish
+        (default ``stream_ttl_s``); an event that only a redelivery could publish again needs
+        it only as long as a redelivery can come. ``composed``: with a completed event, every
+        compaction so far as one edit (stored in the same step, so it always includes the
+        newest)."""
         conv = event.conversation_id
+        events = [*ahead, event]
+        if any(e.conversation_id != conv for e in ahead):
+            raise ValueError(f"events published together must all be of {conv}")
         is_completed = event.type == "compaction.completed"
-        as_json = event.to_json()
+        texts = [e.to_json() for e in events]
         with redis_errors("publishing an event"):
-            status, newest = self._publish(
+            reply = self._publish(
                 keys=[
                     keys.events(conv),
-                    keys.published(conv, event.event_id),
                     keys.lock(conv),
                     keys.handled(conv),
                     keys.last_compaction(conv),
                     keys.latest(conv),
                     keys.memo(conv),
                     keys.composed(conv),
+                    *(keys.published(conv, e.event_id) for e in events),
                 ],
                 args=[
-                    as_json,
-                    dedup_ttl_s or self.config.stream_ttl_s,
-                    self.config.stream_ttl_s,
-                    self.config.stream_maxlen,
                     fencing_token or "",
                     "" if handled_revision is None else handled_revision,
+                    self.config.stream_ttl_s,
+                    self.config.stream_maxlen,
+                    keys.announce(conv),
                     "1" if is_completed else "0",
                     LAST_COMPACTIONS,
                     memo or "",
                     self.config.snapshot_ttl_s,
                     memo_digest,
-                    keys.announce(conv),
                     composed.to_json() if composed is not None and is_completed else "",
+                    dedup_ttl_s or self.config.stream_ttl_s,
+                    *texts,
                 ],
             )
-        status = _text(status)
-        if status == "lease_lost":
+        if _text(reply[0]) == "lease_lost":
             raise LeaseLost(f"lost the lock on {conv} before publishing; not published")
-        if status == "published":
-            self._fan_out(as_json, counters or {}, conv)
-            if newest and handled_revision is not None:
-                self._forget_pending(conv, handled_revision)
+        newest, statuses = int(reply[0]), [_text(s) for s in reply[1:]]
+        status = statuses[-1]
+        published = [text for text, s in zip(texts, statuses, strict=True) if s == "published"]
+        if published:
+            # The counters describe the outcome: counted only with it.
+            self._fan_out(published, (counters or {}) if status == "published" else {}, conv)
+        if status == "published" and newest and handled_revision is not None:
+            self._forget_pending(conv, handled_revision)
         return status  # type: ignore[return-value]
 
     def _fan_out(
-        self, as_json: str, counters: dict[str, float], conversation_id: str | None = None
+        self, texts: list[str], counters: dict[str, float], conversation_id: str | None = None
     ) -> None:
         """The global side of a publish, after it (keys.py): the all-conversations stream, the
         counters and the tenant's index, in one round trip."""
         with redis_errors("publishing an event"):
             pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(keys.RECENT, {"event": as_json}, maxlen=RECENT_MAXLEN, approximate=True)
+            for as_json in texts:
+                pipe.xadd(keys.RECENT, {"event": as_json}, maxlen=RECENT_MAXLEN, approximate=True)
             for name, amount in counters.items():
                 pipe.hincrbyfloat(keys.METRICS, name, amount)
             if conversation_id is not None:
@@ -769,7 +817,7 @@ class RedisState:
                 continue
             if status == "reverted":
                 counters = {"compactions_reverted_total": 1.0}
-                self._fan_out(event.to_json(), counters, conversation_id)
+                self._fan_out([event.to_json()], counters, conversation_id)
                 return "reverted", event, stream_id
             if status == "duplicate":  # reverted by another request just now
                 return "not_newest", None, ""

@@ -82,25 +82,26 @@ class Service:
         memo = verdict.memo
         assert memo is not None
         counters.update(memo.counters())
-        short_ttl_s = self._evaluation_dedup_ttl_s()
-        if verdict.elided is not None:
-            # Under the threshold the skipped event settles the revision at once; over it, the
-            # revision stays pending until its compaction and may be evaluated again meanwhile.
-            self.state.publish(
-                verdict.elided, dedup_ttl_s=None if verdict.over_threshold else short_ttl_s
-            )
         if verdict.skipped is not None:
             counters["compactions_skipped_total"] = 1.0
+            # The elided event goes ahead of the skipped one in the same step (one round trip).
+            # Both are remembered only as long as a redelivery of this evaluation can come: the
+            # skipped event settles the revision at once.
             self.state.publish(
                 verdict.skipped,
+                ahead=[verdict.elided] if verdict.elided is not None else [],
                 handled_revision=work.latest,
                 counters=counters,
                 memo=memo.blob,
                 memo_digest=memo.digest,
-                dedup_ttl_s=short_ttl_s,
+                dedup_ttl_s=self._evaluation_dedup_ttl_s(),
             )
             recent.remember_memo(conversation_id, memo.stored)
             return "skipped"
+        if verdict.elided is not None:
+            # Over the threshold the revision stays pending until its compaction, and may be
+            # evaluated again meanwhile: its id is kept as long as any event's.
+            self.state.publish(verdict.elided)
         self.state.incr_many(counters)
         return self._hand_to_summarize(conversation_id, parsed.revision)
 
@@ -188,10 +189,11 @@ class Service:
     # --- summarize ---------------------------------------------------------------------------
 
     def summarize(self, conversation_id: str, revision: int) -> Outcome:
-        if self.state.handled_revision(conversation_id) >= revision:
-            return "superseded"
         lease_s = self.settings.redis.lock_lease_s
-        token = self.state.acquire_lock(conversation_id, lease_s)
+        claim = self.state.acquire_lock(conversation_id, lease_s, unless_handled=revision)
+        if claim.status == "handled":
+            return "superseded"
+        token = claim.token
         if token is None:
             return self._hand_to_summarize(conversation_id, revision)
         try:
@@ -218,13 +220,14 @@ class Service:
         parsed = self._parse(conversation_id, work)
         if parsed is None:
             return "expired" if work.payload is None else "rejected"
-        verdict = self.pipeline.evaluate(parsed)
+        context = self.pipeline.context(parsed)  # one tokenizer and policy for both steps
+        verdict = self.pipeline.evaluate(context)
         if verdict.skipped is not None:  # an earlier compaction already brought it under
             self.state.publish(verdict.skipped, fencing_token=token, handled_revision=latest)
             return "skipped"
         started = time.monotonic()
         event = self.pipeline.compact(
-            parsed,
+            context,
             verdict.evaluation,
             already_published=lambda event_id: self.state.is_published(conversation_id, event_id),
         )

@@ -1,0 +1,110 @@
+"""The describe step: what a completed compaction event says (the replacement, provenance, the
+tokens after) and the transcript written beside it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.core import provenance
+from worker.core.projection import CompressionCache, count_request_tokens, project
+from worker.pipeline.context import SnapshotContext
+from worker.pipeline.evaluation import Evaluation
+from worker.pipeline.preparation import PreparedCompaction
+from worker.tokens import Tokenizer, counted_by
+from worker.wire import formats
+from worker.wire.events import Compaction, Summary
+from worker.wire.history import apply_compaction, range_digest
+from worker.wire.models import canonical_json
+from worker.wire.snapshots import ParsedSnapshot
+
+SUMMARY_ID_PREFIX = "cws-"
+
+
+def build_compaction(
+    context: SnapshotContext,
+    prepared: PreparedCompaction,
+    summary: Summary,
+    evaluation: Evaluation,
+) -> Compaction:
+    """The event's compaction (without its transcript): replacement, provenance (the
+    summary's sections by wire id, what was dropped) and exact tokens after."""
+    parsed = context.parsed
+    snap = parsed.snapshot
+    plan = prepared.plan
+    ranged = [m for m in parsed.messages if plan.start <= m.source_index < plan.end]
+    where = provenance.wire_locations(ranged, parsed.source_ids)
+    sections = provenance.published_sections(summary.text, summary.sections, where)
+    summary = summary.model_copy(update={"sections": sections})
+    with_ids = any("id" in raw for raw in snap.messages)
+    replacement = formats.render(snap.format, plan.carried, with_ids=with_ids, source=snap.messages)
+    replacement.append(
+        formats.text_message(
+            snap.format,
+            "user",
+            summary.text,
+            msg_id=f"{SUMMARY_ID_PREFIX}{prepared.event_id[:16]}" if with_ids else None,
+        )
+    )
+    compaction = Compaction(
+        start=plan.start,
+        end=plan.end,
+        first_id=parsed.source_ids[plan.start],
+        last_id=parsed.source_ids[plan.end - 1],
+        range_sha256=range_digest(snap.messages[plan.start : plan.end]),
+        replacement=replacement,
+        summary=summary,
+        tool_calls=prepared.policies.default,
+        tool_overrides=prepared.policies.overrides,
+        tokens_before=evaluation.projected_tokens,
+        tokens_after=0,
+        tokens_before_counted_by=evaluation.counted_by,
+        tokens_after_counted_by=counted_by(context.tokenizer),
+        format=snap.format,
+        preserved_ids=[m.id for m in plan.carried],
+        dropped=provenance.dropped(ranged, plan, prepared.policies, where),
+    )
+    applied = apply_compaction(snap.messages, compaction)
+    after = history_tokens(applied, context)
+    return compaction.model_copy(update={"tokens_after": after})
+
+
+def tokens_of(
+    raw_messages: list[dict[str, Any]],
+    parsed: ParsedSnapshot,
+    tokenizer: Tokenizer,
+    *,
+    compressed: CompressionCache | None = None,
+) -> int:
+    """Projected request tokens of a wire-format history, under the snapshot's settings."""
+    return history_tokens(raw_messages, SnapshotContext.of(parsed, tokenizer, compressed))
+
+
+def history_tokens(raw_messages: list[dict[str, Any]], context: SnapshotContext) -> int:
+    """:func:`tokens_of`, with what the snapshot's context has already built."""
+    snap = context.snapshot
+    messages = formats.to_messages(
+        snap.format, raw_messages, system=snap.system, media=context.media
+    )
+    projection = project(messages, context.policy, compressed=context.compressed)
+    return count_request_tokens(projection.messages, context.tokenizer)
+
+
+def transcript_payload(parsed: ParsedSnapshot, compaction: Compaction, event_id: str) -> bytes:
+    """The full pre-compaction history, deterministic so a redelivered write is identical."""
+    snap = parsed.snapshot
+    doc = {
+        "conversation_id": snap.conversation_id,
+        "revision": snap.revision,
+        "format": snap.format,
+        "model": snap.model.model_dump(),
+        "system": snap.system,
+        "messages": snap.messages,
+        "compacted": {
+            "event_id": event_id,
+            "start": compaction.start,
+            "end": compaction.end,
+            "first_id": compaction.first_id,
+            "last_id": compaction.last_id,
+        },
+    }
+    return canonical_json(doc).encode("utf-8")

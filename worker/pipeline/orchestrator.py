@@ -1,0 +1,283 @@
+"""The orchestrator: :class:`Pipeline` runs the steps in order over one snapshot's context."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from worker.config import Settings
+from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
+from worker.pipeline.context import SnapshotContext, snapshot_context
+from worker.pipeline.describe import build_compaction, transcript_payload
+from worker.pipeline.evaluation import Evaluation, evaluate
+from worker.pipeline.memo import MemoUpdate, StoredBlob, evaluate_with_memo
+from worker.pipeline.preparation import prepare
+from worker.pipeline.summary import summarize
+from worker.reuse import Reuse
+from worker.summarize import Summarizer
+from worker.summarize.digest import DigestSummarizer
+from worker.transcripts import TranscriptStore
+from worker.wire.composed import ComposedCompaction, apply_composed
+from worker.wire.events import (
+    CompactionEvent,
+    CompletedEvent,
+    ElidedEvent,
+    SkippedEvent,
+    completed_event,
+    elided_event,
+    failed_event,
+    skipped_event,
+)
+from worker.wire.history import apply_compaction
+from worker.wire.snapshots import ParsedSnapshot, parse_snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """What the pipeline needs from the outside world."""
+
+    store: TranscriptStore
+    llm: Summarizer | None = None
+    digest: Summarizer = field(default_factory=DigestSummarizer)
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What evaluating a snapshot decided, and the events that describe it: ``elided`` (when
+    the projection shortened tool results) and, under the threshold, ``skipped``."""
+
+    evaluation: Evaluation
+    elided: ElidedEvent | None
+    skipped: SkippedEvent | None
+    memo: MemoUpdate | None = None
+
+    @property
+    def over_threshold(self) -> bool:
+        return self.evaluation.over_threshold
+
+
+class Pipeline:
+    """Evaluate -> decide -> compact -> describe, for the CLI and the workers alike.
+
+    :meth:`evaluate`, :meth:`compact` and :meth:`run` take a snapshot's context
+    (:meth:`context`), which its caller builds once and passes to each; given the parsed
+    snapshot instead, each builds the context itself."""
+
+    def __init__(self, settings: Settings, adapters: Adapters, reuse: Reuse | None = None):
+        self.settings = settings
+        self.adapters = adapters
+        self.reuse = reuse if reuse is not None else Reuse()
+
+    # --- parse -------------------------------------------------------------------------------
+
+    def parse(
+        self,
+        payload: bytes | str | Mapping[str, Any],
+        *,
+        conversation_id: str | None = None,
+        published: Sequence[CompletedEvent] = (),
+        composed: ComposedCompaction | None = None,
+    ) -> ParsedSnapshot:
+        """The validated snapshot (InvalidSnapshot otherwise), evaluated against the compacted
+        history: a full history (one that holds what the compactions replaced) gets every
+        compaction so far at once (``composed``); any other gets the compactions already
+        ``published`` for earlier revisions that it does not contain yet, applied in order.
+        The conversation's last parse in this process (by ``conversation_id``) is reused for
+        the messages they share."""
+        recent = self.reuse.recent
+        earlier = recent.get(conversation_id) if conversation_id else None
+        parsed = parse_snapshot(payload, self.settings, earlier=earlier)
+        if not isinstance(payload, Mapping):
+            recent.put(parsed, len(payload))
+        return self._with_published(parsed, published, composed)
+
+    def _with_published(
+        self,
+        parsed: ParsedSnapshot,
+        published: Sequence[CompletedEvent],
+        composed: ComposedCompaction | None = None,
+    ) -> ParsedSnapshot:
+        messages = _with_composed(parsed, composed)
+        changed = messages is not None
+        if messages is None:
+            messages = parsed.snapshot.messages
+            for event in published:
+                if event.revision > parsed.revision:
+                    continue
+                try:
+                    messages = apply_compaction(
+                        messages, event, conversation_id=parsed.conversation_id
+                    )
+                    changed = True
+                except EventMismatch:
+                    continue  # already applied by the agent, or another branch of history
+        if not changed:
+            return parsed
+        raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
+        if parsed.snapshot.usage is not None:
+            # The usage counted the messages as submitted, not as compacted.
+            log.info(
+                "ignoring usage of %s revision %s: a published compaction was applied first",
+                parsed.conversation_id,
+                parsed.revision,
+            )
+            raw["usage"] = None
+        # Validates the ids of the result too; what precedes the compacted range is reused.
+        return parse_snapshot(raw, self.settings, earlier=parsed)
+
+    def context(self, parsed: ParsedSnapshot) -> SnapshotContext:
+        """What every step of ``parsed`` shares, with this process's tokenizer and caches."""
+        return snapshot_context(parsed, self.reuse)
+
+    def _context(self, snapshot: SnapshotContext | ParsedSnapshot) -> SnapshotContext:
+        return snapshot if isinstance(snapshot, SnapshotContext) else self.context(snapshot)
+
+    # --- evaluate and decide -----------------------------------------------------------------
+
+    def evaluate(
+        self,
+        snapshot: SnapshotContext | ParsedSnapshot,
+        *,
+        memo: StoredBlob | None = None,
+        with_memo: bool = False,
+    ) -> Verdict:
+        """Project, count, decide, describe. ``with_memo``: first preload the conversation's
+        stored ``memo`` (what earlier evaluations computed, on any process), and say in the
+        verdict which memo to store now."""
+        context = self._context(snapshot)
+        recent = self.reuse.recent
+        conversation_id = context.conversation_id
+        prior = recent.counted(conversation_id)
+        update = None
+        if with_memo:
+            known = recent.stored_memo(conversation_id)
+            evaluation, update = evaluate_with_memo(context, self.reuse, memo, known, prior)
+        else:
+            evaluation = evaluate(context, prior)
+        recent.remember_counted(conversation_id, evaluation.counted)
+        now = self.adapters.now()
+        elided = None
+        if evaluation.projection.elided:
+            elided = elided_event(
+                conversation_id, context.revision, now, elided=evaluation.projection.elided
+            )
+        skipped = None
+        if not evaluation.over_threshold:
+            reason = (
+                "auto-compaction is off"
+                if evaluation.threshold is None
+                else f"{evaluation.projected_tokens} tokens <= threshold {evaluation.threshold}"
+            )
+            skipped = skipped_event(
+                conversation_id,
+                context.revision,
+                now,
+                why="below",
+                reason=reason,
+                trigger=evaluation.trigger(),
+            )
+        return Verdict(evaluation=evaluation, elided=elided, skipped=skipped, memo=update)
+
+    # --- compact and describe ----------------------------------------------------------------
+
+    def compact(
+        self,
+        snapshot: SnapshotContext | ParsedSnapshot,
+        evaluation: Evaluation,
+        *,
+        already_published: Callable[[str], bool] = lambda _event_id: False,
+    ) -> CompactionEvent | None:
+        """The outcome event of a snapshot over the threshold, or None when this exact
+        compaction was already published (a redelivered task: no second LLM call)."""
+        context = self._context(snapshot)
+        parsed = context.parsed
+        trigger = evaluation.trigger()
+        now = self.adapters.now
+        prepared = prepare(context, evaluation)
+        if prepared is None:
+            return skipped_event(
+                parsed.conversation_id,
+                parsed.revision,
+                now(),
+                why="nothing",
+                reason="over the threshold, but nothing outside the protected tail",
+                trigger=trigger,
+            )
+        if already_published(prepared.event_id):
+            return None
+        store = self.adapters.store
+        try:
+            summary = summarize(
+                prepared, context.config, llm=self.adapters.llm, digest=self.adapters.digest
+            )
+            compaction = build_compaction(context, prepared, summary, evaluation)
+            ref = store.write(
+                parsed.conversation_id,
+                parsed.revision,
+                prepared.event_id,
+                transcript_payload(parsed, compaction, prepared.event_id),
+            )
+        except CompactorError as exc:
+            if isinstance(exc, RedisUnavailable):
+                raise  # the task retries; every other failure is reported in an event
+            return failed_event(
+                parsed.conversation_id,
+                parsed.revision,
+                now(),
+                code=exc.code,
+                message=exc.message,
+                trigger=trigger,
+            )
+        _enforce_retention(store, parsed, ref.uri)
+        return completed_event(
+            parsed.conversation_id,
+            parsed.revision,
+            now(),
+            event_id=prepared.event_id,
+            trigger=trigger,
+            compaction=compaction.model_copy(update={"transcript": ref}),
+        )
+
+    def run(self, snapshot: SnapshotContext | ParsedSnapshot) -> list[CompactionEvent]:
+        """Everything after parsing, in process: the events to publish, in order."""
+        context = self._context(snapshot)
+        verdict = self.evaluate(context)
+        outcome = verdict.skipped or self.compact(context, verdict.evaluation)
+        return [e for e in (verdict.elided, outcome) if e is not None]
+
+
+def _with_composed(
+    parsed: ParsedSnapshot, composed: ComposedCompaction | None
+) -> list[dict[str, Any]] | None:
+    """The snapshot's messages with every compaction so far applied, when they are a full
+    history those compactions replaced part of; None otherwise."""
+    snap = parsed.snapshot
+    if composed is None or composed.format != snap.format or composed.revision > snap.revision:
+        return None
+    try:
+        return apply_composed(snap.messages, composed)
+    except EventMismatch:
+        return None  # a compacted history (the agent applies events itself), or an edited one
+
+
+def _enforce_retention(store: TranscriptStore, parsed: ParsedSnapshot, written: str) -> None:
+    """Retention after a write. A failure here costs disk, not correctness: the scheduled
+    prune retries it, so the compaction still completes."""
+    try:
+        store.enforce_count(
+            parsed.conversation_id,
+            parsed.settings.compaction.max_persisted_transcripts,
+            protect=written,
+        )
+    except (OSError, StorageError):
+        log.warning(
+            "retention after write failed for %s; prune will retry",
+            parsed.conversation_id,
+            exc_info=True,
+        )

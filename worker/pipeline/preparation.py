@@ -1,0 +1,96 @@
+"""The prepare step: over the threshold, pick the range to summarize and what is carried
+verbatim, and the summary request for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.core.facts import extract_facts
+from worker.core.planning import (
+    RangePlan,
+    ToolPolicies,
+    fit_carried,
+    plan_range,
+    resolve_tool_policies,
+)
+from worker.core.projection import count_message_tokens, count_request_tokens
+from worker.pipeline.context import SnapshotContext
+from worker.pipeline.evaluation import Evaluation
+from worker.summarize import SummaryRequest
+from worker.wire.events import event_id_for
+from worker.wire.media import placeholders
+from worker.wire.models import Message
+
+MUST_KEEP_LIMIT = 60
+
+
+@dataclass(frozen=True)
+class PreparedCompaction:
+    plan: RangePlan
+    policies: ToolPolicies
+    request: SummaryRequest
+    event_id: str
+
+
+def prepare(context: SnapshotContext, evaluation: Evaluation) -> PreparedCompaction | None:
+    """Pick the range and what is carried; None when there is nothing to compact."""
+    config = context.config
+    tokenizer = context.tokenizer
+    policies = resolve_tool_policies(context.settings.tools)
+
+    def count(m: Message) -> int:
+        return count_message_tokens(m, tokenizer)
+
+    plan = plan_range(context.messages, config, policies, count=count)
+    if plan is None or not (plan.to_summarize or plan.previous_summary):
+        return None
+    fit_carried(
+        plan,
+        _carry_budget(context, evaluation, plan),
+        count,
+        {m.id: i for i, m in enumerate(context.messages)},
+    )
+    event_id = event_id_for(
+        context.conversation_id, context.revision, "compaction.completed", plan.start, plan.end
+    )
+    request = SummaryRequest(
+        conversation_id=context.conversation_id,
+        revision=context.revision,
+        messages=plan.to_summarize,
+        previous_summary=plan.previous_summary,
+        previous_summary_ids=plan.summary_ids,
+        must_keep=_must_keep(plan.to_summarize),
+        max_input_chars=config.summary_max_input_chars,
+        max_output_tokens=config.summary_max_output_tokens,
+        source_tokens=sum(count(m) for m in plan.to_summarize)
+        + (tokenizer.count(plan.previous_summary) if plan.previous_summary else 0),
+        model=context.snapshot.model.name or None,
+    )
+    return PreparedCompaction(plan=plan, policies=policies, request=request, event_id=event_id)
+
+
+def _carry_budget(context: SnapshotContext, evaluation: Evaluation, plan: RangePlan) -> int:
+    """Tokens the carried messages may use so that the result lands under the threshold."""
+    if evaluation.threshold is None:
+        return 1 << 62
+    kept = [
+        m
+        for m in evaluation.projection.messages
+        if m.source_index < plan.start or m.source_index >= plan.end
+    ]
+    summary_room = context.config.summary_max_output_tokens + 16
+    # What the provider counts beyond our count (usage) is assumed to stay after compaction.
+    beyond = max(evaluation.usage.offset, 0) if evaluation.usage is not None else 0
+    kept_tokens = count_request_tokens(kept, context.tokenizer)
+    return evaluation.threshold - kept_tokens - summary_room - beyond
+
+
+def _must_keep(messages: list[Message]) -> list[str]:
+    """Paths, the first line of each failure, and a placeholder per image or file: the
+    summary names the range's images, so the model knows they existed."""
+    facts = extract_facts(messages)
+    items = list(facts.paths)
+    for action in facts.failing:
+        items.extend(action.error_lines[:1])
+    items += [name for m in messages for name in placeholders(m.id, m.attachments)]
+    return list(dict.fromkeys(items))[:MUST_KEEP_LIMIT]

@@ -1,0 +1,70 @@
+"""The summary step: the summary of the prepared range per ``mode`` (the LLM, the offline
+digest, or the digest as the LLM's fallback), checked against the range's must-keep facts."""
+
+from __future__ import annotations
+
+from worker.config import CompactionConfig
+from worker.core import fidelity, provenance
+from worker.errors import CompactorError
+from worker.pipeline.preparation import PreparedCompaction
+from worker.summarize import Summarizer
+from worker.wire.events import Summary
+
+
+def summarize(
+    prepared: PreparedCompaction,
+    config: CompactionConfig,
+    *,
+    llm: Summarizer | None,
+    digest: Summarizer,
+) -> Summary:
+    """The summary per ``mode``, checked against the range's must-keep facts and repaired
+    (``summary.fidelity``); raises CompactorError when ``remote_only`` cannot get one."""
+    mode = config.mode
+    facts, carried = _must_keep_facts(prepared, config.delegation_tools)
+
+    def checked(summary: Summary) -> Summary:
+        request = prepared.request
+        limit = request.max_output_tokens
+        if summary.source == "llm":  # never longer than what it replaces, as llm.py enforces
+            limit = min(limit, request.source_tokens)
+        summary = fidelity.ensure(summary, facts, carried, limit=limit, model=request.model)
+        if summary.source == "llm":  # the digest says what it drew from; the LLM's is read
+            summary = provenance.attribute(summary, provenance.anchors(facts, request.messages))
+        return summary
+
+    def digested(reason: str | None) -> Summary:
+        summary = digest.summarize(prepared.request)
+        summary = summary.model_copy(update={"fallback_reason": reason}) if reason else summary
+        return checked(summary)
+
+    if mode == "local_only" or (llm is None and mode == "prefer_remote"):
+        return digested(None if mode == "local_only" else "no LLM configured")
+    if llm is None:
+        raise CompactorError(
+            "remote_only mode needs an LLM; none is configured", code="llm_not_configured"
+        )
+    try:
+        summary = llm.summarize(prepared.request)
+    except CompactorError as exc:
+        if mode == "remote_only":
+            raise
+        return digested(f"{exc.code}: {exc.message}")
+    score = fidelity.score(facts, summary.text, carried)
+    if mode == "prefer_remote" and score < config.min_summary_fidelity:
+        return digested(
+            f"summary_fidelity: the LLM summary kept {score:.0%} of the must-keep facts, "
+            f"below min_summary_fidelity {config.min_summary_fidelity:g}"
+        )
+    return checked(summary)
+
+
+def _must_keep_facts(
+    prepared: PreparedCompaction, delegation_tools: list[str]
+) -> tuple[list[fidelity.Fact], str]:
+    """The range's must-keep facts (summarized and carried messages, in order) and the text of
+    the carried messages they may be found in."""
+    plan = prepared.plan
+    request = prepared.request  # its messages: the very objects the digest and _must_keep saw
+    facts = fidelity.extract_must_keep(request.messages, delegation_tools, plan.carried)
+    return facts, fidelity.carried_text(plan.carried)
