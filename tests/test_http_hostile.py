@@ -191,6 +191,7 @@ def cases() -> list[Case]:
             ("GET", "transcripts/1", None),
             ("GET", "messages/u0", None),
             ("POST", "compacted", b'{"messages": []}'),
+            ("POST", "compactions/e-1/restore", b"{}"),
         ):
             path = f"/v1/conversations/{cid}/{tail}"
             out.append(
@@ -211,6 +212,9 @@ def cases() -> list[Case]:
         out.append(Case(f"limit {label}", "GET", f"{conv}/events?limit={value}", 422, "limit"))
         out.append(
             Case(f"webhook_id {label}", "DELETE", f"/v1/webhooks/{value}", 422, "webhook_id")
+        )
+        out.append(
+            Case(f"list limit {label}", "GET", f"/v1/conversations?limit={value}", 422, "limit")
         )
     for label, value in {"past MAX_REVISION": str(2**53), "u64": str(U64)}.items():
         out.append(Case(f"revision {label}", "GET", f"{conv}/transcripts/{value}", 422, "revision"))
@@ -239,6 +243,9 @@ def cases() -> list[Case]:
                     (header, *accept),
                 )
             )
+    for label, value in {"not a cursor": "%FF", "no time": ":c-1", "text time": "x:c-1"}.items():
+        path = f"/v1/conversations?after={value}"
+        out.append(Case(f"list after {label}", "GET", path, 422, "after"))
     for label, value in {"5,000 digits": "9" * 5000, "very long": "x" * 8000}.items():
         out.append(
             Case(f"message_id {label}", "GET", f"{conv}/messages/{value}", 422, "message_id")
@@ -281,6 +288,25 @@ def cases() -> list[Case]:
             (),
             b'{"url": "http://[::1"}',
         ),
+        Case(
+            "restore, not an event id",
+            "POST",
+            f"{conv}/compactions/{'x' * 300}/restore",
+            422,
+            "event_id",
+            (),
+            b"{}",
+        ),
+        Case(
+            "restore, reason not text",
+            "POST",
+            f"{conv}/compactions/e-1/restore",
+            422,
+            "reason",
+            (),
+            b'{"reason": 5}',
+        ),
+        Case("conversations, junk query", "GET", "/v1/conversations?revision=%00", 200, None),
         Case("webhooks, junk query", "GET", f"/v1/webhooks{junk}", 200, None),
         Case("healthz, junk query", "GET", f"/healthz{junk}", 200, None),
         Case("openapi, junk query", "GET", f"/openapi.json{junk}", 200, None),
