@@ -17,8 +17,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from worker.backend.redis_state import SubmitResult
-from worker.client import Client
+from worker.client import Client, SubmitResult
 from worker.errors import CompactorError, EventMismatch, PermanentError
 from worker.wire.events import CompactionEvent, CompletedEvent, RevertedEvent
 
@@ -75,8 +74,7 @@ class _Core(SetupView):
     @property
     def compactions(self) -> list[CompletedEvent]:
         """The compactions applied so far, oldest first (an undone one is removed)."""
-        with self._lock:
-            return [a.event for a in self._history.applied]
+        return self._applied_events()
 
     @property
     def status(self) -> SessionStatus:

@@ -47,10 +47,6 @@ class Transcripts:
         self._lock = threading.Lock()  # not held while reading: a read may take long
         self._kept: OrderedDict[str, Transcript] = OrderedDict()
 
-    def cached(self, event_id: str) -> bool:
-        with self._lock:
-            return event_id in self._kept
-
     def of(self, event: CompletedEvent) -> Transcript:
         """The event's original messages (sha256-checked) and where each id is among them."""
         with self._lock:

@@ -19,7 +19,7 @@ from ._state import arguments_of
 
 
 class CompactingSession(_Core):
-    """One conversation, compacted in the background (threads). See the module docstring.
+    """One conversation, compacted in the background (threads). See :mod:`worker.session`.
 
     ``config``: the snapshot's ``config`` overrides (a dict, sent with every snapshot), or a
     :class:`CompactionConfig`; either way the projection uses the client's settings with them.
