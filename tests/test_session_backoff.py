@@ -16,7 +16,7 @@ from worker.client import Client
 from worker.config import Settings, with_redis_url
 from worker.session import AsyncCompactingSession, CompactingSession
 from worker.session._backoff import Backoff
-from worker.session._core import RETRY
+from worker.session._loop_steps import RETRY
 
 SEND = "cannot submit %s revision %d (%s); keeping the newest snapshot (%d turns pending), "
 READ = "cannot read events of %s (%s); retrying in %.1fs"

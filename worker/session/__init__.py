@@ -20,7 +20,8 @@ survive. ``state()`` / ``from_state`` carry a session into another process. docs
 is the reference.
 
 The package's private modules, one job each: ``_sync`` and ``_async`` (the two faces and their
-loops), ``_core`` (the steps that do not wait), ``_setup`` (what a session is), ``_history``
+loops), ``_loop_steps`` (what the loops record between waits), ``_core`` (the parts, and
+the steps that do not wait), ``_setup`` (what a session is), ``_history``
 (messages, applied compactions, the stream cursor), ``_projection`` (the cached request),
 ``_recall`` (transcripts, the recall tool), ``_sender`` and ``_follower`` (what the loops did),
 ``_status``, ``_state`` (``state()``/``from_state``), ``_backoff`` (the retry schedule both

@@ -12,14 +12,15 @@ from worker.client import Client
 from worker.errors import CompactorError
 from worker.wire.events import CompactionEvent, RevertedEvent
 
-from ._core import Mail, _Core
+from ._core import Mail
 from ._follower import INBOX_SIZE
+from ._loop_steps import _LoopSteps
 from ._recall import RecallTool, recall_tool
 from ._sender import Job
 from ._state import arguments_of
 
 
-class AsyncCompactingSession(_Core):
+class AsyncCompactingSession(_LoopSteps):
     """:class:`CompactingSession` for asyncio code: ``extend``, ``request_messages``, ``undo``
     and ``recall`` are coroutines; the sender and the follower are tasks on the running loop
     (started by the first call), submitting with ``Client.asubmit`` and reading with

@@ -6,7 +6,8 @@ a task. One lock guards the parts; each part owns one job's state:
   session is in the event stream;
 - :class:`Projection`: the cached projected request;
 - :class:`Transcripts`: transcripts read for undo and recall;
-- :class:`SenderState` and :class:`FollowerState`: what the background loops have done.
+- :class:`SenderState` and :class:`FollowerState`: what the background loops have done
+  (their steps are in ``_loop_steps``).
 """
 
 from __future__ import annotations
@@ -17,25 +18,19 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from worker.client import Client, SubmitResult
-from worker.errors import CompactorError, EventMismatch, PermanentError
+from worker.client import Client
+from worker.errors import CompactorError, EventMismatch
 from worker.wire.events import CompactionEvent, CompletedEvent, RevertedEvent
 
 from . import _state
-from ._backoff import Backoff
 from ._follower import FollowerState
 from ._history import Applied, Cursor, History, replaced_range
 from ._messages import own
 from ._projection import Projection
 from ._recall import RECALL_USAGE, Transcripts, recall_id
-from ._sender import Job, SenderState
+from ._sender import SenderState
 from ._setup import Setup, SetupView, log
 from ._status import SessionStatus, status_of
-
-BACKOFF_START_S = 0.2
-BACKOFF_MAX_S = 5.0
-# The one schedule of both sessions' sender and follower, threads and tasks alike.
-RETRY = Backoff(BACKOFF_START_S, BACKOFF_MAX_S)
 
 Mail = tuple[int, tuple[Any, ...]]  # (the turn, the messages to snapshot)
 
@@ -224,98 +219,6 @@ class _Core(SetupView):
             return f"error: no compacted message has id {message_id!r}; some that do: {some}"
         except CompactorError as exc:
             return f"error: the transcript cannot be read: {exc.message}"
-
-    # --- the steps of the sender and the follower ---------------------------------------------
-
-    def _count_replaced(self) -> None:
-        with self._lock:
-            self._sender.replaced += 1
-
-    def _unsent(self) -> bool:
-        """A turn waits to be submitted and the sender is not backing off (``close`` waits)."""
-        with self._lock:
-            return self._sender.pending > 0 and not self._sender.retrying
-
-    def _job(self, mail: Mail) -> Job:
-        turn, messages = mail
-        with self._lock:
-            return Job(turn, self._sender.next_revision(), messages)
-
-    def _snapshot(self, job: Job) -> dict[str, Any]:
-        return self.setup.snapshot(job.revision, job.messages)
-
-    def _submitted(self, job: Job, result: SubmitResult) -> Job | None:
-        """Record a submit's result; the job to send again when it was superseded (with a
-        revision after the service's newest), else None."""
-        with self._lock:
-            if result.status == "superseded":
-                self._sender.learned(result.revision)
-                log.info(
-                    "revision %d of %s is older than the service's %d; sending it as a newer one",
-                    job.revision,
-                    self.conversation_id,
-                    result.revision,
-                )
-                return job._replace(revision=self._sender.next_revision())
-            if self._sender.retrying:
-                log.warning(
-                    "redis is back: submitted %s revision %d", self.conversation_id, job.revision
-                )
-            self._sender.accepted(job.turn, job.revision)
-            if self._cursor.floor is None:
-                self._cursor.floor = job.revision
-            self._status_changed.notify_all()
-            return None
-
-    def _submit_error(self, job: Job, exc: Exception, attempt: int) -> float | None:
-        """Record a failed submit (``attempt`` in a row): None when the service refused the
-        snapshot for good (it is dropped), else the wait before trying it again."""
-        if isinstance(exc, PermanentError):
-            with self._lock:
-                self._sender.refused(job.turn, exc)
-                self._status_changed.notify_all()
-            log.error(
-                "the service refused %s revision %d: %s", self.conversation_id, job.revision, exc
-            )
-            return None
-        delay = RETRY.delay(attempt)
-        if not isinstance(exc, CompactorError):  # a bug must not end the loop silently
-            log.exception("submitting %s revision %d failed", self.conversation_id, job.revision)
-            return delay
-        with self._lock:
-            self._sender.failed(exc)
-            pending = self._sender.pending
-        log.warning(
-            "cannot submit %s revision %d (%s); keeping the newest snapshot (%d turns pending), "
-            "retrying in %.1fs",
-            self.conversation_id,
-            job.revision,
-            exc.message,
-            pending,
-            delay,
-        )
-        return delay
-
-    def _received_event(self, event: CompactionEvent) -> None:
-        with self._lock:
-            if self._follower.read(event):
-                self._status_changed.notify_all()
-
-    def _read_error(self, exc: Exception, attempt: int) -> float:
-        """Record a failed read of the stream (``attempt`` in a row); the wait before the next."""
-        if not isinstance(exc, CompactorError):
-            log.exception("reading events of %s failed", self.conversation_id)
-            return RETRY.cap_s
-        delay = RETRY.delay(attempt)
-        with self._lock:
-            self._follower.read_failed(exc)
-        log.warning(
-            "cannot read events of %s (%s); retrying in %.1fs",
-            self.conversation_id,
-            exc.message,
-            delay,
-        )
-        return delay
 
     # --- state --------------------------------------------------------------------------------
 

@@ -11,14 +11,15 @@ from typing import Any
 from worker.client import Client
 from worker.wire.events import CompactionEvent
 
-from ._core import Mail, _Core
+from ._core import Mail
 from ._follower import INBOX_SIZE
+from ._loop_steps import _LoopSteps
 from ._recall import RecallTool, recall_tool
 from ._sender import Job
 from ._state import arguments_of
 
 
-class CompactingSession(_Core):
+class CompactingSession(_LoopSteps):
     """One conversation, compacted in the background (threads). See :mod:`worker.session`.
 
     ``config``: the snapshot's ``config`` overrides (a dict, sent with every snapshot), or a
