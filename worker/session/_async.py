@@ -164,7 +164,7 @@ class AsyncCompactingSession(_LoopSteps):
             job = await self._take(job)
             try:
                 result = await self.client.asubmit(self._snapshot(job))
-            except Exception as exc:  # a bug must not end the task silently
+            except Exception as exc:  # refused, down or a bug: recorded; the task goes on
                 delay = self._submit_error(job, exc, failures + 1)
                 if delay is None:
                     job = None

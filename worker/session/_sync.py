@@ -153,7 +153,7 @@ class CompactingSession(_LoopSteps):
         while (job := self._take(job)) is not None:
             try:
                 result = self.client.submit(self._snapshot(job))
-            except Exception as exc:  # a bug must not end the thread silently
+            except Exception as exc:  # refused, down or a bug: recorded; the thread goes on
                 delay = self._submit_error(job, exc, failures + 1)
                 if delay is None:
                     job = None
