@@ -19,7 +19,7 @@ def telemetry(settings: Settings) -> Telemetry:
     except ImportError as exc:
         raise ConfigError(
             "otel.endpoint",
-            f"needs the otel extra (pip install 'compaction-worker[otel]'): {exc.name} is "
-            "not installed",
+            f"needs the otel extra (pip install -e '.[otel]' in the checkout): {exc.name} "
+            "is not installed",
         ) from None
     return OtelTelemetry(settings.otel)
