@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from otlp_support import OtlpReceiver, ReceivedSpan
 from service_support import (  # noqa: F401 - fixtures: a real Redis, real workers
+    BROKERS,
     REPO_ROOT,
     broker,
     conversation,
+    rabbitmq_server,
     redis_server,
     redis_url,
     service_env,
@@ -80,6 +82,7 @@ def published(spans: list[ReceivedSpan], event_type: str, revision: int) -> list
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)  # the task messages' headers on each
 def test_one_trace_per_snapshot_from_submit_to_publish_across_processes(
     service_env, otlp: OtlpReceiver, no_otel_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
