@@ -81,9 +81,10 @@ def _labels(labels: Mapping[str, str]) -> str:
 def _split_histograms(
     counters: dict[str, float],
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(plain counters, histogram fields): a histogram field carries its labels in its name."""
-    plain = {k: v for k, v in counters.items() if "{" not in k}
-    return plain, {k: v for k, v in counters.items() if "{" in k}
+    """(the other counters, the latency histogram's fields)."""
+    prefix = f"{LATENCY_HISTOGRAM}_"
+    plain = {k: v for k, v in counters.items() if not k.startswith(prefix)}
+    return plain, {k: v for k, v in counters.items() if k.startswith(prefix)}
 
 
 def _render_histograms(fields: dict[str, float]) -> list[str]:
