@@ -29,7 +29,7 @@ from service_support import (  # noqa: F401 - fixtures: a real Redis, real worke
 
 from worker.backend.queues import task_message
 from worker.client import Client
-from worker.config import Settings, load_settings
+from worker.config import Settings, load_settings, shown_settings
 from worker.errors import ConfigError
 from worker.ops.metrics import latency_counters, render_prometheus
 from worker.ops.telemetry import telemetry
@@ -363,3 +363,12 @@ def test_prometheus_histograms_are_cumulative_and_end_with_inf() -> None:
     assert 'compactor_stage_seconds_count{stage="evaluate"} 4' in lines
     assert 'compactor_stage_seconds_sum{stage="evaluate"} 400.403' in lines
     assert "# TYPE compactor_stage_seconds_count counter" not in lines
+
+
+def test_config_show_masks_the_endpoint_credentials() -> None:
+    settings = load_settings(
+        environ={"COMPACTOR_OTEL_ENDPOINT": "https://user:s3cret@127.0.0.1:4318"}
+    )
+    shown = shown_settings(settings)["otel"]
+    assert shown["endpoint"] == "https://user:***@127.0.0.1:4318"
+    assert "s3cret" not in json.dumps(shown_settings(settings))
