@@ -4,9 +4,10 @@
 settings; its owner passes it down (the client holds it, the worker's pipeline has it among its
 adapters), so nothing is kept in a module global. Unconfigured it is the base class here, which
 imports nothing of OpenTelemetry: a stage costs a ``perf_counter`` pair, and its seconds still
-feed the Prometheus histograms (:func:`worker.ops.metrics.latency_counters`). Configured (``[otel] endpoint``, or
-the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``) it is :class:`worker.ops.otel.OtelTelemetry`,
-imported only then: each stage is a span, and its seconds an OpenTelemetry histogram too.
+feed the Prometheus histograms (:func:`worker.ops.metrics.latency_counters`). Configured
+(``[otel] endpoint``, or the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``) it is
+:class:`worker.ops.otel.OtelTelemetry`, imported only then: each stage is a span, and its
+seconds an OpenTelemetry histogram too.
 
 The trace context crosses the Celery hop as W3C ``traceparent`` / ``tracestate`` headers of
 the task message: :meth:`Telemetry.carrier` on the sending side, ``parent`` of
