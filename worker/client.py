@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -46,6 +47,8 @@ from worker.errors import (
     RedisUnavailable,
     StorageError,
 )
+from worker.ops.telemetry import telemetry
+from worker.ops.tracing import AttributeValue
 from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, open_store
 from worker.wire import formats
 from worker.wire.events import OUTCOME_TYPES, CompactionEvent, CompletedEvent, parse_event
@@ -124,6 +127,8 @@ class Client:
         self._url = state_url(self.settings)
         self.state = RedisState(connect(self._url), self.settings.redis)
         self._sender = TaskSender(broker_url(self.settings))
+        # [otel]: the submit span starts each snapshot's trace (nothing imported when unset).
+        self.telemetry = telemetry(self.settings)
         self._submit_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._store: TranscriptStore | None = None
 
@@ -133,21 +138,35 @@ class Client:
         Raises :class:`BrokerUnavailable` when the broker cannot take the task message (no
         evaluation is left waiting for it: submit again once the broker is back)."""
         payload, conversation_id, revision = _claim(snapshot, self.settings)
-        result = self.state.store_snapshot(conversation_id, revision, payload)
-        if result.status == "queued":
-            try:
-                self._sender.send(
-                    EVALUATE_TASK, [conversation_id, time.time()], queue=EVALUATE_QUEUE
-                )
-            except BaseException:
-                # No flag without its task: else every later submission would coalesce into
-                # the missing one until the reconciler ran (or the flag's TTL, without it).
-                # Should Redis be gone too, the flag stays and the reconciler queues the
-                # conversation (it is pending); the broker's error is the one to report.
-                with contextlib.suppress(RedisUnavailable):
-                    self.state.unqueue(conversation_id, revision)
-                raise
+        attributes: dict[str, AttributeValue | None] = {
+            "gen_ai.conversation.id": conversation_id,
+            "compactor.revision": revision,
+        }
+        with self.telemetry.stage("submit", kind="producer", attributes=attributes) as stage:
+            result = self.state.store_snapshot(conversation_id, revision, payload)
+            # queued: this submit's task carries the trace on; coalesced: the task already
+            # queued evaluates this revision too, in the earlier submit's trace.
+            stage.set({"compactor.submit.status": result.status})
+            if result.status == "queued":
+                self._send_evaluate(conversation_id, revision)
         return result
+
+    def _send_evaluate(self, conversation_id: str, revision: int) -> None:
+        try:
+            self._sender.send(
+                EVALUATE_TASK,
+                [conversation_id, time.time()],
+                queue=EVALUATE_QUEUE,
+                trace=self.telemetry.carrier(),
+            )
+        except BaseException:
+            # No flag without its task: else every later submission would coalesce into the
+            # missing one until the reconciler ran (or the flag's TTL, without it). Should
+            # Redis be gone too, the flag stays and the reconciler queues the conversation (it
+            # is pending); the broker's error is the one to report.
+            with contextlib.suppress(RedisUnavailable):
+                self.state.unqueue(conversation_id, revision)
+            raise
 
     async def asubmit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:
         """``submit`` for asyncio code, on the client's own threads."""
@@ -156,7 +175,9 @@ class Client:
                 max_workers=4, thread_name_prefix="compactor-submit"
             )
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._submit_pool, self.submit, snapshot)
+        # In the caller's context, so that its current span (if any) is the submit's parent.
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(self._submit_pool, context.run, self.submit, snapshot)
 
     def events(
         self,
@@ -293,6 +314,7 @@ class Client:
         self._sender.close()
         if self._submit_pool is not None:
             self._submit_pool.shutdown(wait=False)
+        self.telemetry.shutdown()  # sends the spans still batched
 
 
 def _read_event(entry_id: str, data: dict[str, Any] | None) -> CompactionEvent | None:

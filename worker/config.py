@@ -305,6 +305,31 @@ class WebhooksConfig(_Strict):
     max_concurrency: int = Field(default=100, ge=1)
 
 
+OTEL_SCHEMES = ("http", "https")
+
+
+class OtelConfig(_Strict):
+    """``[otel]``: OpenTelemetry traces and metrics over OTLP/HTTP (docs/observability.md).
+    Unset ``endpoint`` (and no ``OTEL_EXPORTER_OTLP_ENDPOINT``): off, and nothing of
+    OpenTelemetry is imported. ``endpoint`` is the collector's base URL (``/v1/traces`` and
+    ``/v1/metrics`` are appended); it is masked whenever shown."""
+
+    endpoint: SecretStr | None = None
+    service_name: str = Field(default="compaction-worker", min_length=1)
+    # The share of traces kept, decided where a trace starts (the agent's submit); a worker
+    # follows the decision carried in the task message (parent-based sampling).
+    sampling_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    export_interval_s: float = Field(default=5.0, gt=0, le=300)  # spans batched, metrics read
+    export_timeout_s: float = Field(default=10.0, gt=0, le=300)
+
+    _none_ok = field_validator("endpoint", mode="before")(_none_word)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _known_scheme(cls, url: SecretStr | None) -> SecretStr | None:
+        return _url_with_scheme(url, OTEL_SCHEMES, "OTLP endpoint")
+
+
 class Settings(_Strict):
     """Everything the service reads, resolved once and passed down."""
 
@@ -318,6 +343,7 @@ class Settings(_Strict):
     http: HttpConfig = Field(default_factory=HttpConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     webhooks: WebhooksConfig = Field(default_factory=WebhooksConfig)
+    otel: OtelConfig = Field(default_factory=OtelConfig)
     source: str = "defaults"
     # Where each setting given by a source came from (dotted key -> the environment variable or
     # the file): what the commands say at start (origin_of).
@@ -385,6 +411,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "http": HttpConfig,
     "proxy": ProxyConfig,
     "webhooks": WebhooksConfig,
+    "otel": OtelConfig,
 }
 
 
@@ -528,10 +555,34 @@ def load_settings(
     overrides = env_overrides(env)
     if overrides:
         source += " + environment"
-    settings = settings_from_mapping(_deep_merge(data, overrides), source=source)
-    settings._origins = _origins(data, str(file), env)
+    merged = _deep_merge(data, overrides)
+    standard = _standard_otel(merged, env)
+    settings = settings_from_mapping(_deep_merge(merged, standard), source=source)
+    settings._origins = _origins(data, str(file), env) | {
+        f"otel.{field}": STANDARD_OTEL_VARIABLES[field] for field in standard.get("otel", {})
+    }
     _warn_unknown(env, settings)
     return settings
+
+
+#: OpenTelemetry's own variables read when ``[otel]`` (file or ``COMPACTOR_OTEL_*``) leaves
+#: the setting unset: every OpenTelemetry-instrumented program honours them.
+STANDARD_OTEL_VARIABLES = {
+    "endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "service_name": "OTEL_SERVICE_NAME",
+}
+
+
+def _standard_otel(merged: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The ``[otel]`` settings OpenTelemetry's standard variables give, where ours are unset."""
+    ours = merged.get("otel", {})
+    ours = ours if isinstance(ours, Mapping) else {}
+    found = {
+        field: environ[name].strip()
+        for field, name in STANDARD_OTEL_VARIABLES.items()
+        if environ.get(name, "").strip() and _none_word(ours.get(field)) is None
+    }
+    return {"otel": found} if found else {}
 
 
 def _origins(data: Mapping[str, Any], file: str, environ: Mapping[str, str]) -> dict[str, str]:
@@ -578,6 +629,8 @@ def shown_settings(settings: Settings) -> dict[str, Any]:
         transcripts_url.get_secret_value() if transcripts_url else None
     )
     data["broker"]["url"] = mask_url(configured_broker_url(settings))
+    otel_endpoint = settings.otel.endpoint
+    data["otel"]["endpoint"] = mask_url(otel_endpoint.get_secret_value() if otel_endpoint else None)
     data["llm"]["base_url"] = mask_url(settings.llm.base_url)
     data["llm"]["headers"] = {k: "***" for k in settings.llm.headers}
     data["proxy"]["openai_base_url"] = mask_url(settings.proxy.openai_base_url)

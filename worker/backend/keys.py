@@ -32,7 +32,7 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:ui:session:{digest}`` | string (JSON) | the inspector's login | 8 hours, or logout |
 | ``cw:recent`` | stream (all conversations) | publish (after the script) | MAXLEN 1000 |
 | ``cw:pending`` | zset conv -> submit time (*) | submit, publish, reconcile | until handled |
-| ``cw:metrics`` | hash of counters | everyone | none (counters) |
+| ``cw:metrics`` | hash of counters and histogram buckets | everyone | none (a fixed set) |
 
 **The global keys** (``cw:recent``, ``cw:pending``, ``cw:metrics``, and the per-tenant
 ``cw:tenant:{tenant}:conversations``, whose member is the internal id ``tenant:conv``) each live

@@ -18,12 +18,13 @@ import socket
 import ssl
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from worker.backend.redis_target import DEFAULT_REDIS_URL, is_shared_state_only
 from worker.config import Settings, configured_broker_url, redis_url
 from worker.errors import BrokerUnavailable, ConfigError
+from worker.ops.tracing import TRACE_HEADERS
 
 __all__ = [
     "EVALUATE_QUEUE",
@@ -174,8 +175,12 @@ def queue_lengths(url: str, queues: Iterable[str] = QUEUES) -> dict[str, int]:
         connection.release()
 
 
-def task_message(task: str, args: list[Any]) -> tuple[list[Any], dict[str, Any], str]:
-    """A Celery protocol-2 task message: (body, headers, task id)."""
+def task_message(
+    task: str, args: list[Any], *, trace: Mapping[str, str] | None = None
+) -> tuple[list[Any], dict[str, Any], str]:
+    """A Celery protocol-2 task message: (body, headers, task id). ``trace``: the sender's W3C
+    trace context (``traceparent``, ``tracestate``), carried as headers of their own, which a
+    Celery worker hands the task in its request."""
     task_id = str(uuid.uuid4())
     headers = {
         "lang": "py",
@@ -195,6 +200,7 @@ def task_message(task: str, args: list[Any]) -> tuple[list[Any], dict[str, Any],
         "origin": f"{os.getpid()}@{socket.gethostname()}",
         "ignore_result": True,
     }
+    headers.update({k: v for k, v in (trace or {}).items() if k in TRACE_HEADERS})
     body = [args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
     return body, headers, task_id
 
@@ -215,9 +221,17 @@ class TaskSender:
         self._producer: Any = None
         self._queues: dict[str, Any] = {}
 
-    def send(self, task: str, args: list[Any], *, queue: str) -> str:
-        """Publish the task on ``queue`` (declared if needed); returns the task id."""
-        body, headers, task_id = task_message(task, args)
+    def send(
+        self,
+        task: str,
+        args: list[Any],
+        *,
+        queue: str,
+        trace: Mapping[str, str] | None = None,
+    ) -> str:
+        """Publish the task on ``queue`` (declared if needed); returns the task id. ``trace``:
+        as :func:`task_message`."""
+        body, headers, task_id = task_message(task, args, trace=trace)
         declared = self._queue(queue)
         with self._lock:
             try:

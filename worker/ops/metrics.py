@@ -6,7 +6,7 @@ all add up into one view without Prometheus' multiprocess mode.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _HELP = {
@@ -27,10 +27,12 @@ _HELP = {
     "queue_lag_samples_total": "Evaluations measured for queue lag.",
     "texts_tokenized_total": "Texts an evaluation had to tokenize (in no cache or memo).",
     "tool_results_compressed_total": "Tool results an evaluation had to try to compress.",
+    "tokens_saved_total": "Projected tokens the published compactions took off (before - after).",
 }
 
 
 def render_prometheus(counters: dict[str, float], queues: dict[str, int]) -> str:
+    counters, histograms = _split_histograms(counters)
     lines = []
     for name in sorted(set(_HELP) | set(counters)):
         metric = f"compactor_{name}"
@@ -41,7 +43,76 @@ def render_prometheus(counters: dict[str, float], queues: dict[str, int]) -> str
     lines.append("# TYPE compactor_queue_length gauge")
     for queue, length in sorted(queues.items()):
         lines.append(f'compactor_queue_length{{queue="{queue}"}} {length}')
+    lines.extend(_render_histograms(histograms))
     return "\n".join(lines) + "\n"
+
+
+# --- latency histograms (worker.ops.tracing times the stages) ------------------------------
+# Kept in cw:metrics beside the counters, one field per (stage, labels, bucket) holding the
+# observations that fell in that bucket alone (so an observation is 3 increments, not one per
+# bucket), plus _sum and _count; rendering makes the buckets cumulative, as Prometheus reads
+# them. Bounded: the stages are fixed, the only other label is the store's kind.
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LATENCY_HISTOGRAM = "stage_seconds"
+_HISTOGRAM_HELP = {
+    LATENCY_HISTOGRAM: "Seconds per stage (evaluate, compact, summarize, llm, store_write, "
+    "publish); store_write per store.",
+}
+
+
+def latency_counters(
+    stage: str, seconds: float, labels: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """The ``cw:metrics`` increments that record one observation of ``stage``'s latency."""
+    series = _labels({"stage": stage, **(labels or {})})
+    le = next((f"{b:g}" for b in LATENCY_BUCKETS_S if seconds <= b), "+Inf")
+    return {
+        f'{LATENCY_HISTOGRAM}_bucket{{{series},le="{le}"}}': 1.0,
+        f"{LATENCY_HISTOGRAM}_sum{{{series}}}": seconds,
+        f"{LATENCY_HISTOGRAM}_count{{{series}}}": 1.0,
+    }
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+
+
+def _split_histograms(
+    counters: dict[str, float],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(the other counters, the latency histogram's fields)."""
+    prefix = f"{LATENCY_HISTOGRAM}_"
+    plain = {k: v for k, v in counters.items() if not k.startswith(prefix)}
+    return plain, {k: v for k, v in counters.items() if k.startswith(prefix)}
+
+
+def _render_histograms(fields: dict[str, float]) -> list[str]:
+    """Each histogram's series: cumulative buckets in order, ``+Inf``, ``_sum``, ``_count``."""
+    series: dict[tuple[str, str], dict[str, float]] = {}
+    for field, value in fields.items():
+        name, _, rest = field.partition("{")
+        labels = rest.rstrip("}")
+        base, _, part = name.rpartition("_")
+        if part == "bucket":
+            labels, _, le = labels.rpartition(",le=")
+            part = le.strip('"')
+        series.setdefault((base, labels), {})[part] = value
+    lines: list[str] = []
+    for base in sorted({b for b, _ in series}):
+        metric = f"compactor_{base}"
+        lines.append(f"# HELP {metric} {_HISTOGRAM_HELP.get(base, base)}")
+        lines.append(f"# TYPE {metric} histogram")
+        for (b, labels), parts in sorted(series.items()):
+            if b != base:
+                continue
+            cumulative = 0.0
+            for le in (*(f"{x:g}" for x in LATENCY_BUCKETS_S), "+Inf"):
+                cumulative += parts.get(le, 0.0)
+                lines.append(f'{metric}_bucket{{{labels},le="{le}"}} {cumulative:.15g}')
+            lines.append(f"{metric}_sum{{{labels}}} {parts.get('sum', 0.0):.15g}")
+            lines.append(f"{metric}_count{{{labels}}} {parts.get('count', 0.0):.15g}")
+    return lines
 
 
 def serve(render: Callable[[], str], *, port: int, host: str = "127.0.0.1") -> None:

@@ -10,12 +10,13 @@ from typing import Any
 
 from worker.config import Settings
 from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
+from worker.ops.tracing import Telemetry
 from worker.pipeline.context import SnapshotContext, snapshot_context
 from worker.pipeline.describe import build_compaction, transcript_payload
 from worker.pipeline.evaluation import Evaluation, evaluate
 from worker.pipeline.memo import MemoUpdate, StoredBlob, evaluate_with_memo
 from worker.pipeline.preparation import prepare
-from worker.pipeline.summary import summarize
+from worker.pipeline.summary import LLMTracing, summarize
 from worker.reuse import Reuse
 from worker.summarize import Summarizer
 from worker.summarize.digest import DigestSummarizer
@@ -45,6 +46,8 @@ class Adapters:
     llm: Summarizer | None = None
     digest: Summarizer = field(default_factory=DigestSummarizer)
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # The process's telemetry ([otel]): the stages' spans and timings; unconfigured, only timed.
+    telemetry: Telemetry = field(default_factory=Telemetry)
 
 
 @dataclass(frozen=True)
@@ -192,9 +195,12 @@ class Pipeline:
         evaluation: Evaluation,
         *,
         already_published: Callable[[str], bool] = lambda _event_id: False,
+        timings: dict[str, float] | None = None,
     ) -> CompactionEvent | None:
         """The outcome event of a snapshot over the threshold, or None when this exact
-        compaction was already published (a redelivered task: no second LLM call)."""
+        compaction was already published (a redelivered task: no second LLM call).
+        ``timings``: counters to which the latency of the summarize, LLM and store-write
+        stages is added (:func:`worker.ops.metrics.latency_counters`)."""
         context = self._context(snapshot)
         parsed = context.parsed
         trigger = evaluation.trigger()
@@ -212,17 +218,39 @@ class Pipeline:
         if already_published(prepared.event_id):
             return None
         store = self.adapters.store
+        telemetry = self.adapters.telemetry
+        conversation = {"gen_ai.conversation.id": parsed.conversation_id}
         try:
-            summary = summarize(
-                prepared, context.config, llm=self.adapters.llm, digest=self.adapters.digest
-            )
+            with telemetry.stage("summarize", attributes=conversation, into=timings) as stage:
+                summary = summarize(
+                    prepared,
+                    context.config,
+                    llm=self.adapters.llm,
+                    digest=self.adapters.digest,
+                    traced=LLMTracing(telemetry, self.settings.llm, timings),
+                )
+                stage.set(
+                    {
+                        "compactor.summary.source": summary.source,
+                        "compactor.summary.tokens": summary.tokens,
+                        "compactor.summary.fallback_reason": summary.fallback_reason,
+                    }
+                )
             compaction = build_compaction(context, prepared, summary, evaluation)
-            ref = store.write(
-                parsed.conversation_id,
-                parsed.revision,
-                prepared.event_id,
-                transcript_payload(parsed, compaction, prepared.event_id),
-            )
+            kind = store_kind(store)
+            with telemetry.stage(
+                "store_write",
+                attributes=conversation | {"compactor.store": kind},
+                labels={"store": kind},
+                into=timings,
+            ) as stage:
+                ref = store.write(
+                    parsed.conversation_id,
+                    parsed.revision,
+                    prepared.event_id,
+                    transcript_payload(parsed, compaction, prepared.event_id),
+                )
+                stage.set({"compactor.transcript.bytes": ref.bytes})
         except CompactorError as exc:
             if isinstance(exc, RedisUnavailable):
                 raise  # the task retries; every other failure is reported in an event
@@ -264,6 +292,13 @@ def _with_composed(
         return apply_composed(snap.messages, composed)
     except EventMismatch:
         return None  # a compacted history (the agent applies events itself), or an edited one
+
+
+def store_kind(store: TranscriptStore) -> str:
+    """``file``, ``s3`` or ``postgresql``: the scheme a store shows itself with (a bounded
+    label of the store-write histogram)."""
+    scheme, found, _ = store.display.partition("://")
+    return scheme if found else "other"
 
 
 def _enforce_retention(store: TranscriptStore, parsed: ParsedSnapshot, written: str) -> None:

@@ -3,12 +3,51 @@ digest, or the digest as the LLM's fallback), checked against the range's must-k
 
 from __future__ import annotations
 
-from worker.config import CompactionConfig
+from dataclasses import dataclass
+
+from worker.config import CompactionConfig, LLMConfig
 from worker.core import fidelity, provenance
 from worker.errors import CompactorError
+from worker.ops.tracing import AttributeValue, Telemetry
 from worker.pipeline.preparation import PreparedCompaction
-from worker.summarize import Summarizer
+from worker.summarize import Summarizer, SummaryRequest
 from worker.wire.events import Summary
+
+
+@dataclass(frozen=True)
+class LLMTracing:
+    """How the LLM call is traced: a ``chat <model>`` span after the OpenTelemetry GenAI
+    conventions, its latency the ``llm`` stage (added to ``timings`` when given)."""
+
+    telemetry: Telemetry
+    llm: LLMConfig
+    timings: dict[str, float] | None = None
+
+    def call(self, llm: Summarizer, request: SummaryRequest) -> Summary:
+        model = self.llm.model
+        attributes: dict[str, AttributeValue | None] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": self.llm.provider,
+            "gen_ai.request.model": model,
+            "gen_ai.request.max_tokens": request.max_output_tokens,
+            "gen_ai.conversation.id": request.conversation_id,
+        }
+        with self.telemetry.stage(
+            "llm",
+            span_name=f"chat {model}",
+            kind="client",
+            attributes=attributes,
+            into=self.timings,
+        ) as stage:
+            summary = llm.summarize(request)
+            # Counted by our tokenizer: the range sent, and the summary that came back.
+            stage.set(
+                {
+                    "gen_ai.usage.input_tokens": request.source_tokens,
+                    "gen_ai.usage.output_tokens": summary.tokens,
+                }
+            )
+            return summary
 
 
 def summarize(
@@ -17,9 +56,11 @@ def summarize(
     *,
     llm: Summarizer | None,
     digest: Summarizer,
+    traced: LLMTracing | None = None,
 ) -> Summary:
     """The summary per ``mode``, checked against the range's must-keep facts and repaired
-    (``summary.fidelity``); raises CompactorError when ``remote_only`` cannot get one."""
+    (``summary.fidelity``); raises CompactorError when ``remote_only`` cannot get one.
+    ``traced``: the LLM call is traced and timed so."""
     mode = config.mode
     facts, carried = _must_keep_facts(prepared, config.delegation_tools)
 
@@ -45,7 +86,10 @@ def summarize(
             "remote_only mode needs an LLM; none is configured", code="llm_not_configured"
         )
     try:
-        summary = llm.summarize(prepared.request)
+        if traced is None:
+            summary = llm.summarize(prepared.request)
+        else:
+            summary = traced.call(llm, prepared.request)
     except CompactorError as exc:
         if mode == "remote_only":
             raise

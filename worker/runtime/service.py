@@ -18,16 +18,18 @@ create-only with deterministic names, events carry deterministic ids and are pub
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from worker.backend.redis_state import RedisState, Work
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost
-from worker.pipeline import Pipeline, StoredBlob
+from worker.ops.tracing import AttributeValue, Stage, Telemetry
+from worker.pipeline import Pipeline, StoredBlob, Verdict
 from worker.transcripts import prune_by_settings
 from worker.wire.composed import compose
 from worker.wire.events import CompactionEvent, CompletedEvent, FailedEvent, rejected_event
@@ -62,9 +64,44 @@ class Service:
     enqueue_summarize: Callable[[str, int, float], None]  # (conversation, revision, delay_s)
     enqueue_evaluate: Callable[[str], None]
 
+    @property
+    def telemetry(self) -> Telemetry:
+        """The process's telemetry, the pipeline's: spans and the stages' timings."""
+        return self.pipeline.adapters.telemetry
+
     # --- evaluate ----------------------------------------------------------------------------
 
-    def evaluate(self, conversation_id: str, *, submitted_at: float | None = None) -> Outcome:
+    def evaluate(
+        self,
+        conversation_id: str,
+        *,
+        submitted_at: float | None = None,
+        trace: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """Evaluate the conversation's newest revision. ``trace``: the W3C trace context the
+        task message carried (the submit's span; ``{}``: none, a new trace)."""
+        timings: dict[str, float] = {}
+        try:
+            with self.telemetry.stage(
+                "evaluate",
+                kind="consumer",
+                parent=trace,
+                attributes={"gen_ai.conversation.id": conversation_id},
+                into=timings,
+            ) as stage:
+                outcome = self._evaluate(conversation_id, submitted_at, stage, timings)
+                stage.set({"compactor.outcome": outcome})
+                return outcome
+        finally:
+            self._add_timings(timings)
+
+    def _evaluate(
+        self,
+        conversation_id: str,
+        submitted_at: float | None,
+        stage: Stage,
+        timings: dict[str, float],
+    ) -> Outcome:
         recent = self.pipeline.reuse.recent
         known = recent.stored_memo(conversation_id)
         work = self.state.take_work(conversation_id, known_memo=known.digest if known else "")
@@ -79,6 +116,7 @@ class Service:
             return "expired" if work.payload is None else "rejected"
         stored = StoredBlob(work.memo_digest, work.memo) if work.memo_digest else None
         verdict = self.pipeline.evaluate(parsed, memo=stored, with_memo=True)
+        stage.set(_evaluation_attributes(parsed, verdict))
         memo = verdict.memo
         assert memo is not None
         counters.update(memo.counters())
@@ -87,21 +125,23 @@ class Service:
             # The elided event goes ahead of the skipped one in the same step (one round trip).
             # Both are remembered only as long as a redelivery of this evaluation can come: the
             # skipped event settles the revision at once.
-            self.state.publish(
-                verdict.skipped,
-                ahead=[verdict.elided] if verdict.elided is not None else [],
-                handled_revision=work.latest,
-                counters=counters,
-                memo=memo.blob,
-                memo_digest=memo.digest,
-                dedup_ttl_s=self._evaluation_dedup_ttl_s(),
-            )
+            with self._publishing(verdict.skipped, timings):
+                self.state.publish(
+                    verdict.skipped,
+                    ahead=[verdict.elided] if verdict.elided is not None else [],
+                    handled_revision=work.latest,
+                    counters=counters,
+                    memo=memo.blob,
+                    memo_digest=memo.digest,
+                    dedup_ttl_s=self._evaluation_dedup_ttl_s(),
+                )
             recent.remember_memo(conversation_id, memo.stored)
             return "skipped"
         if verdict.elided is not None:
             # Over the threshold the revision stays pending until its compaction, and may be
             # evaluated again meanwhile: its id is kept as long as any event's.
-            self.state.publish(verdict.elided)
+            with self._publishing(verdict.elided, timings):
+                self.state.publish(verdict.elided)
         self.state.incr_many(counters)
         return self._hand_to_summarize(conversation_id, parsed.revision)
 
@@ -188,7 +228,29 @@ class Service:
 
     # --- summarize ---------------------------------------------------------------------------
 
-    def summarize(self, conversation_id: str, revision: int) -> Outcome:
+    def summarize(
+        self, conversation_id: str, revision: int, *, trace: Mapping[str, str] | None = None
+    ) -> Outcome:
+        """Compact the conversation (its newest revision; ``revision`` is the one evaluated
+        over the threshold). ``trace``: as for :meth:`evaluate` (the evaluation's span)."""
+        timings: dict[str, float] = {}
+        try:
+            with self.telemetry.stage(
+                "compact",
+                kind="consumer",
+                parent=trace,
+                attributes={"gen_ai.conversation.id": conversation_id},
+                into=timings,
+            ) as stage:
+                outcome = self._summarize(conversation_id, revision, stage, timings)
+                stage.set({"compactor.outcome": outcome})
+                return outcome
+        finally:
+            self._add_timings(timings)
+
+    def _summarize(
+        self, conversation_id: str, revision: int, stage: Stage, timings: dict[str, float]
+    ) -> Outcome:
         lease_s = self.settings.redis.lock_lease_s
         claim = self.state.acquire_lock(conversation_id, lease_s, unless_handled=revision)
         if claim.status == "handled":
@@ -198,7 +260,7 @@ class Service:
             return self._hand_to_summarize(conversation_id, revision)
         try:
             with self.state.lease(conversation_id, token, lease_s) as lost:
-                return self._compact_locked(conversation_id, token, lost.is_set)
+                return self._compact_locked(conversation_id, token, lost.is_set, stage, timings)
         except LeaseLost:
             # Not published; evaluate again: either the new holder has it, or it is ours again.
             log.warning("lease lost on %s; not publishing", conversation_id)
@@ -211,7 +273,12 @@ class Service:
                 self.enqueue_evaluate(conversation_id)
 
     def _compact_locked(
-        self, conversation_id: str, token: str, lease_lost: Callable[[], bool]
+        self,
+        conversation_id: str,
+        token: str,
+        lease_lost: Callable[[], bool],
+        stage: Stage,
+        timings: dict[str, float],
     ) -> Outcome:
         work = self.state.take_work(conversation_id)
         if not work.pending:
@@ -222,30 +289,40 @@ class Service:
             return "expired" if work.payload is None else "rejected"
         context = self.pipeline.context(parsed)  # one tokenizer and policy for both steps
         verdict = self.pipeline.evaluate(context)
+        stage.set(_evaluation_attributes(parsed, verdict))
         if verdict.skipped is not None:  # an earlier compaction already brought it under
-            self.state.publish(verdict.skipped, fencing_token=token, handled_revision=latest)
+            with self._publishing(verdict.skipped, timings):
+                self.state.publish(verdict.skipped, fencing_token=token, handled_revision=latest)
             return "skipped"
         started = time.monotonic()
         event = self.pipeline.compact(
             context,
             verdict.evaluation,
             already_published=lambda event_id: self.state.is_published(conversation_id, event_id),
+            timings=timings,
         )
         if event is None:
             return "duplicate"  # redelivered after it was published: no second LLM call
         counters = _counters(event, time.monotonic() - started)
+        stage.set(_outcome_attributes(event))
         if lease_lost():
             raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
         failed = event.type == "compaction.failed"
-        status = self.state.publish(
-            event,
-            fencing_token=token,
-            handled_revision=None if failed else latest,
-            counters=counters,  # counted in the same step, and only if really published
-            composed=compose(work.composed, parsed.snapshot.messages, event)
-            if isinstance(event, CompletedEvent)
-            else None,
-        )
+        if isinstance(event, FailedEvent):
+            stage.fail(f"{event.error.code}: {event.error.message}")
+        with self._publishing(event, timings):
+            status = self.state.publish(
+                event,
+                fencing_token=token,
+                handled_revision=None if failed else latest,
+                counters=counters,  # counted in the same step, and only if really published
+                composed=compose(work.composed, parsed.snapshot.messages, event)
+                if isinstance(event, CompletedEvent)
+                else None,
+            )
+        if status == "published" and isinstance(event, CompletedEvent):
+            c = event.compaction
+            self.telemetry.add_tokens_saved(c.tokens_before - c.tokens_after)
         if failed:  # reported; not retried by the reconciler (a new submission retries it)
             self.state.settle_pending(conversation_id, latest)
         if status == "duplicate":
@@ -255,6 +332,26 @@ class Service:
             if event.type == "compaction.completed"
             else ("failed" if event.type == "compaction.failed" else "skipped")
         )
+
+    # --- telemetry ---------------------------------------------------------------------------
+
+    def _publishing(
+        self, event: CompactionEvent, timings: dict[str, float]
+    ) -> contextlib.AbstractContextManager[Stage]:
+        """The publish stage of ``event``: a span, and its latency added to ``timings``."""
+        attributes: dict[str, AttributeValue | None] = {
+            "gen_ai.conversation.id": event.conversation_id,
+            "compactor.revision": event.revision,
+            "compactor.event.type": event.type,
+            "compactor.event.id": event.event_id,
+        }
+        return self.telemetry.stage("publish", attributes=attributes, into=timings)
+
+    def _add_timings(self, timings: dict[str, float]) -> None:
+        """The task's stage latencies into the Prometheus histograms, in one round trip after
+        the task (best effort, like every counter: a metric never fails the work)."""
+        if timings:
+            self.state.incr_many(timings)
 
     # --- housekeeping ------------------------------------------------------------------------
 
@@ -286,6 +383,34 @@ class Service:
         return prune_by_settings(self.pipeline.adapters.store, self.settings, dry_run=dry_run)
 
 
+def _evaluation_attributes(
+    parsed: ParsedSnapshot, verdict: Verdict
+) -> dict[str, AttributeValue | None]:
+    """The span attributes of an evaluation: the model (GenAI's name), the revision, and the
+    projected tokens against the threshold."""
+    evaluation = verdict.evaluation
+    return {
+        "gen_ai.request.model": parsed.snapshot.model.name or None,
+        "compactor.revision": parsed.revision,
+        "compactor.tokens": evaluation.projected_tokens,
+        "compactor.threshold": evaluation.threshold,
+        "compactor.over_threshold": evaluation.over_threshold,
+    }
+
+
+def _outcome_attributes(event: CompactionEvent) -> dict[str, AttributeValue | None]:
+    """The span attributes of a compaction's outcome: tokens before and after, when done."""
+    if not isinstance(event, CompletedEvent):
+        return {"compactor.event.type": event.type}
+    c = event.compaction
+    return {
+        "compactor.event.type": event.type,
+        "compactor.tokens_before": c.tokens_before,
+        "compactor.tokens_after": c.tokens_after,
+        "compactor.summary.source": c.summary.source,
+    }
+
+
 def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
     """The metric increments a compaction's outcome event carries."""
     counters = {f"compactions_{event.type.split('.')[1]}_total": 1.0}
@@ -293,6 +418,7 @@ def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
         c = event.compaction
         counters["tokens_before_total"] = c.tokens_before
         counters["tokens_after_total"] = c.tokens_after
+        counters["tokens_saved_total"] = c.tokens_before - c.tokens_after
         if c.summary.source == "llm":
             counters["llm_summaries_total"] = 1.0
             counters["llm_seconds_total"] = seconds

@@ -16,6 +16,8 @@ from worker.backend.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE
 from worker.backend.redis_state import RedisState, connect, state_url
 from worker.config import Settings
 from worker.errors import RedisUnavailable
+from worker.ops.telemetry import telemetry
+from worker.ops.tracing import TRACE_HEADERS
 from worker.pipeline import Adapters, Pipeline
 from worker.reuse import Reuse
 from worker.runtime.celery_app import app
@@ -44,19 +46,31 @@ def _build(settings: Settings) -> Service:
     from worker.summarize.factory import llm_summarizer
 
     state = RedisState(connect(state_url(settings)), settings.redis)
-    adapters = Adapters(store=open_store(settings), llm=llm_summarizer(settings))
+    traces = telemetry(settings)
+    adapters = Adapters(store=open_store(settings), llm=llm_summarizer(settings), telemetry=traces)
     reuse = Reuse(conversation_cache_bytes=int(settings.worker.conversation_cache_mb * 2**20))
+    # The tasks a task queues carry its trace on (the current span's context, as headers).
     return Service(
         settings=settings,
         state=state,
         pipeline=Pipeline(settings, adapters, reuse),
         enqueue_summarize=lambda conv, rev, delay_s: summarize.apply_async(
-            args=[conv, rev], queue=SUMMARIZE_QUEUE, countdown=delay_s or None
+            args=[conv, rev],
+            queue=SUMMARIZE_QUEUE,
+            countdown=delay_s or None,
+            headers=traces.carrier(),
         ),
         enqueue_evaluate=lambda conv: evaluate.apply_async(
-            args=[conv, time.time()], queue=EVALUATE_QUEUE
+            args=[conv, time.time()], queue=EVALUATE_QUEUE, headers=traces.carrier()
         ),
     )
+
+
+def trace_context(request: Any) -> dict[str, str]:
+    """The W3C trace context a task message carried (Celery hands a message's own headers to
+    the task as attributes of its request); ``{}``: none."""
+    found = {name: getattr(request, name, None) for name in TRACE_HEADERS}
+    return {name: value for name, value in found.items() if isinstance(value, str)}
 
 
 @worker_process_shutdown.connect
@@ -68,6 +82,7 @@ def _close(**_: Any) -> None:
     llm = svc.pipeline.adapters.llm
     if llm is not None and hasattr(llm, "close"):
         llm.close()
+    svc.telemetry.shutdown()  # sends the spans still batched
 
 
 _RETRY: dict[str, Any] = {
@@ -88,7 +103,9 @@ _LIMITS = app.conf.compactor_settings.worker
     **_RETRY,
 )
 def evaluate(self: Task, conversation_id: str, submitted_at: float | None = None) -> str:
-    outcome = service().evaluate(conversation_id, submitted_at=submitted_at)
+    outcome = service().evaluate(
+        conversation_id, submitted_at=submitted_at, trace=trace_context(self.request)
+    )
     log.info("evaluated", extra={"conversation_id": conversation_id, "outcome": outcome})
     return outcome
 
@@ -101,7 +118,7 @@ def evaluate(self: Task, conversation_id: str, submitted_at: float | None = None
     **_RETRY,
 )
 def summarize(self: Task, conversation_id: str, revision: int) -> str:
-    outcome = service().summarize(conversation_id, revision)
+    outcome = service().summarize(conversation_id, revision, trace=trace_context(self.request))
     log.info(
         "summarized",
         extra={"conversation_id": conversation_id, "revision": revision, "outcome": outcome},
