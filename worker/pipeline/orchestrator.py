@@ -32,7 +32,8 @@ from worker.wire.events import (
     skipped_event,
 )
 from worker.wire.history import apply_compaction
-from worker.wire.snapshots import ParsedSnapshot, parse_snapshot
+from worker.wire.requests import CompactRequest
+from worker.wire.snapshots import ParsedSnapshot, decode_json, parse_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +84,19 @@ class Pipeline:
         conversation_id: str | None = None,
         published: Sequence[CompletedEvent] = (),
         composed: ComposedCompaction | None = None,
+        request: CompactRequest | None = None,
     ) -> ParsedSnapshot:
         """The validated snapshot (InvalidSnapshot otherwise), evaluated against the compacted
         history: a full history (one that holds what the compactions replaced) gets every
         compaction so far at once (``composed``); any other gets the compactions already
         ``published`` for earlier revisions that it does not contain yet, applied in order.
         The conversation's last parse in this process (by ``conversation_id``) is reused for
-        the messages they share."""
+        the messages they share. ``request``: a compaction someone asked for, whose ``config``
+        and ``tools`` overrides go over the snapshot's own."""
         recent = self.reuse.recent
         earlier = recent.get(conversation_id) if conversation_id else None
+        if request is not None and (request.config or request.tools):
+            payload = _with_overrides(payload, request, self.settings)
         parsed = parse_snapshot(payload, self.settings, earlier=earlier)
         if not isinstance(payload, Mapping):
             recent.put(parsed, len(payload))
@@ -192,14 +197,16 @@ class Pipeline:
         evaluation: Evaluation,
         *,
         already_published: Callable[[str], bool] = lambda _event_id: False,
+        instructions: str | None = None,
     ) -> CompactionEvent | None:
         """The outcome event of a snapshot over the threshold, or None when this exact
-        compaction was already published (a redelivered task: no second LLM call)."""
+        compaction was already published (a redelivered task: no second LLM call).
+        ``instructions``: a requested compaction's focus, for the summarizer only."""
         context = self._context(snapshot)
         parsed = context.parsed
         trigger = evaluation.trigger()
         now = self.adapters.now
-        prepared = prepare(context, evaluation)
+        prepared = prepare(context, evaluation, instructions=instructions)
         if prepared is None:
             return skipped_event(
                 parsed.conversation_id,
@@ -244,12 +251,55 @@ class Pipeline:
             compaction=compaction.model_copy(update={"transcript": ref}),
         )
 
+    def compact_requested(
+        self,
+        snapshot: SnapshotContext | ParsedSnapshot,
+        request: CompactRequest,
+        *,
+        already_published: Callable[[str], bool] = lambda _event_id: False,
+    ) -> CompactionEvent | None:
+        """The outcome of a compaction someone asked for: the snapshot (parsed with the
+        request's overrides, :meth:`parse`) compacted whatever the threshold says. Its trigger
+        is ``requested``, with the request's id and the SHA-256 of its instructions; the
+        instructions themselves go to the summarizer only."""
+        context = self._context(snapshot)
+        prior = self.reuse.recent.counted(context.conversation_id)
+        evaluation = evaluate(context, prior).requested(
+            request.request_id, request.instructions_sha256
+        )
+        return self.compact(
+            context,
+            evaluation,
+            already_published=already_published,
+            instructions=request.instructions,
+        )
+
     def run(self, snapshot: SnapshotContext | ParsedSnapshot) -> list[CompactionEvent]:
         """Everything after parsing, in process: the events to publish, in order."""
         context = self._context(snapshot)
         verdict = self.evaluate(context)
         outcome = verdict.skipped or self.compact(context, verdict.evaluation)
         return [e for e in (verdict.elided, outcome) if e is not None]
+
+
+def _with_overrides(
+    payload: bytes | str | Mapping[str, Any], request: CompactRequest, settings: Settings
+) -> bytes | str | Mapping[str, Any]:
+    """The snapshot with a request's ``config`` and ``tools`` overrides over its own (a
+    snapshot that is no JSON object is left for the parse to refuse)."""
+    raw = (
+        payload
+        if isinstance(payload, Mapping)
+        else decode_json(payload, max_bytes=settings.compaction.max_snapshot_bytes)
+    )
+    if not isinstance(raw, Mapping):
+        return payload
+    merged = dict(raw)
+    for name, overrides in (("config", request.config), ("tools", request.tools)):
+        own = raw.get(name)
+        if overrides:
+            merged[name] = (dict(own) if isinstance(own, Mapping) else {}) | overrides
+    return merged
 
 
 def _with_composed(

@@ -35,10 +35,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from worker.client import Client, project
+from worker.client import Client, RequestResult, project
 from worker.config import CompactionConfig
 from worker.errors import CompactorError, EventMismatch, PermanentError
 from worker.reuse import Reuse
+from worker.session.compact_tool import COMPACT_TOOL_NAME, CompactTool, compact_tool, tool_answer
 from worker.wire import formats
 from worker.wire.events import (
     OUTCOME_TYPES,
@@ -54,8 +55,10 @@ from worker.wire.models import WireFormat
 from worker.wire.snapshots import OPERATOR_ONLY
 
 __all__ = [
+    "COMPACT_TOOL_NAME",
     "RECALL_TOOL_NAME",
     "AsyncCompactingSession",
+    "CompactTool",
     "CompactingSession",
     "RecallTool",
     "SessionStatus",
@@ -756,6 +759,30 @@ class CompactingSession(_Core):
     def recall_tool(self) -> RecallTool:
         return self._tool(lambda arguments: self._recall_text(arguments, self._recall_answer))
 
+    def compact(
+        self,
+        instructions: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
+        timeout_s: float = 10.0,
+    ) -> RequestResult:
+        """Ask the service to compact the conversation now, whatever the threshold says
+        (``Client.compact_now``): first waits up to ``timeout_s`` for the turns not yet
+        submitted, so that the newest snapshot holds them. The compaction arrives like any
+        other and ``request_messages`` applies it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.status.pending_submits and not self._retrying:
+            time.sleep(0.01)
+        return self.client.compact_now(
+            self.conversation_id, instructions, config=config, tools=tools
+        )
+
+    def compact_tool(self) -> CompactTool:
+        """The ``compact_history`` tool the model calls to compact its own history
+        (:mod:`worker.session.compact_tool`); calling it calls :meth:`compact`."""
+        return compact_tool(lambda arguments: tool_answer(self.compact, arguments))
+
     def close(self, *, timeout_s: float = 2.0) -> None:
         """Stop the background threads, first giving an unsent snapshot up to ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
@@ -941,6 +968,40 @@ class AsyncCompactingSession(_Core):
             return answer
 
         return self._tool(handler)
+
+    async def compact(
+        self,
+        instructions: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
+        timeout_s: float = 10.0,
+    ) -> RequestResult:
+        """:meth:`CompactingSession.compact` for asyncio code."""
+        await self._flush(timeout_s)
+        return await self.client.acompact_now(
+            self.conversation_id, instructions, config=config, tools=tools
+        )
+
+    def compact_tool(self) -> CompactTool:
+        """:meth:`CompactingSession.compact_tool`; its handler is a coroutine function."""
+
+        async def handler(arguments: str | Mapping[str, Any]) -> str:
+            def run(instructions: str | None) -> RequestResult:
+                return self.client.compact_now(self.conversation_id, instructions)
+
+            await self._flush(10.0)
+            answer: str = await asyncio.to_thread(tool_answer, run, arguments)
+            return answer
+
+        return compact_tool(handler)
+
+    async def _flush(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the turns not yet submitted (unless Redis is down)."""
+        self._start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.status.pending_submits and not self._retrying:
+            await asyncio.sleep(0.01)
 
     async def close(self, *, timeout_s: float = 2.0) -> None:
         deadline = time.monotonic() + timeout_s
