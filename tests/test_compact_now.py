@@ -317,6 +317,26 @@ def test_the_compact_tool_triggers_a_compaction(stack: Stack, llm: StandinLLM) -
         session.close()
 
 
+def test_the_langchain_compact_tool_triggers_a_compaction(stack: Stack, llm: StandinLLM) -> None:
+    pytest.importorskip("langchain", reason="the langchain extra is not installed")
+    from worker.integrations.langchain import CompactingMiddleware
+
+    session = CompactingSession("lc-1", client=client_for(stack.workers), model="gpt-4.1")
+    try:
+        session.extend(conversation("lc-1", 12)["messages"])
+        assert session.wait_settled(timeout_s=SETTLE_S)
+        tool = CompactingMiddleware(session).compact_tool()
+        assert tool.name == "compact_history" and "when" in tool.description.lower()
+        instructions = "LANGCHAIN-FOCUS-6174 keep mod_8"
+        answer = tool.invoke({"instructions": instructions})
+        assert answer.startswith("Compaction requested"), answer
+        wait_applied(session, 1)
+        assert last_requested(session).trigger.instructions_sha256 == sha256(instructions)
+        assert requests_with(llm, instructions)
+    finally:
+        session.close()
+
+
 async def applied_count(session: AsyncCompactingSession, count: int) -> None:
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline and len(session.compactions) < count:
