@@ -253,6 +253,28 @@ def test_cli_compact_now_waits_for_the_outcome(
     assert bad.code == 2 and json.loads(bad.stderr.splitlines()[-1])["field"] == "config"
 
 
+def test_a_newer_request_replaces_a_waiting_one_and_is_the_one_kept(stack: Stack) -> None:
+    """The request key as the workers see it (no task is sent here, so none takes it)."""
+    state = client_for(stack.workers).state
+    settings = stack.workers.settings()
+    with pytest.raises(NoSnapshot):
+        state.store_request("q-1", compact_request(settings))
+    state.client.set(keys.latest("q-1"), 7)
+    first = state.store_request("q-1", compact_request(settings, instructions="first"))
+    assert (first.revision, first.replaced) == (7, None)
+    second = state.store_request("q-1", compact_request(settings, instructions="second"))
+    assert second.replaced == first.request_id
+    assert 0 < state.client.ttl(keys.requested("q-1")) <= settings.redis.snapshot_ttl_s
+    taken = state.take_request("q-1")
+    assert taken.request is not None and taken.request.instructions == "second"
+    assert taken.latest == 7 and taken.payload is None  # (its snapshot key is not set here)
+    state.done_request("q-1", first.request_id)  # a worker done with the older one: kept
+    assert state.take_request("q-1").request is not None
+    state.done_request("q-1", second.request_id)
+    assert state.take_request("q-1").request is None
+    state.client.delete(keys.latest("q-1"))
+
+
 # --- sessions and the tool ------------------------------------------------------------------------
 
 
