@@ -225,6 +225,23 @@ def test_client_compact_now_uses_the_operator_template_and_notes_the_focus_in_th
         client.compact_now("c-never-submitted")
 
 
+def test_a_request_with_nothing_to_compact_is_answered_each_time(stack: Stack) -> None:
+    client = client_for(stack.workers)
+    snap = conversation("n-1", 0)  # the system prompt, the task and one reply: nothing to fold
+    client.submit(snap)
+    client.wait_for("n-1", revision=snap["revision"], timeout_s=SETTLE_S)
+    seen = set()
+    for _ in range(2):
+        asked = client.compact_now("n-1", "keep it")
+        event = client.wait_for(
+            "n-1", revision=asked.revision, request_id=asked.request_id, timeout_s=SETTLE_S
+        )
+        assert event.type == "compaction.skipped", event
+        assert event.reason.startswith("requested, but nothing")
+        seen.add(event.event_id)
+    assert len(seen) == 2  # each request its own event, not a duplicate of the first
+
+
 def test_cli_compact_now_waits_for_the_outcome(
     stack: Stack, llm: StandinLLM, run_cli: CliRunner
 ) -> None:

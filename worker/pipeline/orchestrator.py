@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.config import Settings
 from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
@@ -25,9 +25,11 @@ from worker.wire.events import (
     CompactionEvent,
     CompletedEvent,
     ElidedEvent,
+    FailedEvent,
     SkippedEvent,
     completed_event,
     elided_event,
+    event_id_for,
     failed_event,
     skipped_event,
 )
@@ -207,15 +209,19 @@ class Pipeline:
         trigger = evaluation.trigger()
         now = self.adapters.now
         prepared = prepare(context, evaluation, instructions=instructions)
+        request_id = evaluation.request_id
         if prepared is None:
-            return skipped_event(
+            skipped = skipped_event(
                 parsed.conversation_id,
                 parsed.revision,
                 now(),
                 why="nothing",
-                reason="over the threshold, but nothing outside the protected tail",
+                reason="over the threshold, but nothing outside the protected tail"
+                if request_id is None
+                else "requested, but nothing outside the protected tail",
                 trigger=trigger,
             )
+            return _of_request(skipped, "nothing", request_id)
         if already_published(prepared.event_id):
             return None
         store = self.adapters.store
@@ -233,7 +239,7 @@ class Pipeline:
         except CompactorError as exc:
             if isinstance(exc, RedisUnavailable):
                 raise  # the task retries; every other failure is reported in an event
-            return failed_event(
+            failed = failed_event(
                 parsed.conversation_id,
                 parsed.revision,
                 now(),
@@ -241,6 +247,7 @@ class Pipeline:
                 message=exc.message,
                 trigger=trigger,
             )
+            return _of_request(failed, exc.code, request_id)
         _enforce_retention(store, parsed, ref.uri)
         return completed_event(
             parsed.conversation_id,
@@ -280,6 +287,18 @@ class Pipeline:
         verdict = self.evaluate(context)
         outcome = verdict.skipped or self.compact(context, verdict.evaluation)
         return [e for e in (verdict.elided, outcome) if e is not None]
+
+
+_Outcome = TypeVar("_Outcome", SkippedEvent, FailedEvent)
+
+
+def _of_request(event: _Outcome, part: str, request_id: str | None) -> _Outcome:
+    """A requested compaction's skipped or failed event is its own, by its request (as its
+    completed one is): a second request of the same revision is answered, not a duplicate."""
+    if request_id is None:
+        return event
+    own = event_id_for(event.conversation_id, event.revision, event.type, part, request_id)
+    return event.model_copy(update={"event_id": own})
 
 
 def _with_overrides(
