@@ -192,6 +192,7 @@ def cases() -> list[Case]:
             ("GET", "messages/u0", None),
             ("POST", "compacted", b'{"messages": []}'),
             ("POST", "compactions/e-1/restore", b"{}"),
+            ("POST", "compact", b"{}"),
         ):
             path = f"/v1/conversations/{cid}/{tail}"
             out.append(
@@ -306,6 +307,7 @@ def cases() -> list[Case]:
             (),
             b'{"reason": 5}',
         ),
+        *compact_cases(conv),
         Case("conversations, junk query", "GET", "/v1/conversations?revision=%00", 200, None),
         Case("webhooks, junk query", "GET", f"/v1/webhooks{junk}", 200, None),
         Case("healthz, junk query", "GET", f"/healthz{junk}", 200, None),
@@ -313,6 +315,33 @@ def cases() -> list[Case]:
         Case("readyz, junk query", "GET", f"/readyz{junk}", (200, 503), None),  # both JSON
         Case("metrics, junk query", "GET", f"/metrics{junk}", 200, None, content_type="text/plain"),
     ]
+    return out
+
+
+def compact_cases(conv: str) -> list[Case]:
+    """``POST .../compact``: every bad body is refused with its field named (nothing asked)."""
+    bodies = {
+        "instructions over 2,000 characters": ("instructions", {"instructions": "x" * 2001}),
+        "instructions not text": ("instructions", {"instructions": 5}),
+        "instructions with a NUL": ("instructions", {"instructions": "a\u0000b"}),
+        "unknown field": ("instruction", {"instruction": "keep the tests"}),
+        "config not an object": ("config", {"config": [1]}),
+        "config operator-only": ("config.transcript_dir", {"config": {"transcript_dir": "/"}}),
+        "config unknown key": ("config.nope", {"config": {"nope": 1}}),
+        "config raises a cost bound": (
+            "config.summary_max_output_tokens",
+            {"config": {"summary_max_output_tokens": 10**9}},
+        ),
+        "tools bad hint": ("tools.grep", {"tools": {"grep": {"compaction": "shred"}}}),
+        "not an object": ("body", ["keep"]),
+    }
+    out = [
+        Case(
+            f"compact, {label}", "POST", f"{conv}/compact", 422, name, (), json.dumps(doc).encode()
+        )
+        for label, (name, doc) in bodies.items()
+    ]
+    out.append(Case("compact, not JSON", "POST", f"{conv}/compact", 400, None, (), b"{nope"))
     return out
 
 

@@ -24,9 +24,17 @@ import redis
 from pydantic import ValidationError
 
 from worker.backend import keys
-from worker.backend.queues import EVALUATE_QUEUE, EVALUATE_TASK, TaskSender, broker_url
+from worker.backend.queues import (
+    COMPACT_TASK,
+    EVALUATE_QUEUE,
+    EVALUATE_TASK,
+    SUMMARIZE_QUEUE,
+    TaskSender,
+    broker_url,
+)
 from worker.backend.redis_state import (
     RedisState,
+    RequestResult,
     SubmitResult,
     anewest_id,
     await_entries,
@@ -43,7 +51,9 @@ from worker.errors import (
     CompactorError,
     ConfigError,
     EventMismatch,
+    InvalidRequest,
     InvalidSnapshot,
+    NoSnapshot,
     RedisUnavailable,
     StorageError,
 )
@@ -59,6 +69,7 @@ from worker.wire.models import (
     MAX_REVISION,
     WireFormat,
 )
+from worker.wire.requests import compact_request
 from worker.wire.snapshots import decode_json, encode_json, media_rules
 
 __all__ = [
@@ -67,8 +78,11 @@ __all__ = [
     "CompactorError",
     "ConfigError",
     "EventMismatch",
+    "InvalidRequest",
     "InvalidSnapshot",
+    "NoSnapshot",
     "RedisUnavailable",
+    "RequestResult",
     "StorageError",
     "SubmitResult",
     "apply_compaction",
@@ -168,16 +182,74 @@ class Client:
                 self.state.unqueue(conversation_id, revision)
             raise
 
-    async def asubmit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:
-        """``submit`` for asyncio code, on the client's own threads."""
+    def compact_now(
+        self,
+        conversation_id: str,
+        instructions: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
+    ) -> RequestResult:
+        """Ask for a compaction of the conversation's newest snapshot now, whatever the
+        threshold says; returns at once with the request's id and the revision it compacts.
+        Its outcome event (``trigger.kind`` ``"requested"``, ``trigger.request_id`` this id)
+        comes like any other: ``wait_for(conversation_id, request_id=...)``.
+
+        ``instructions``: what the summary should focus on (at most 2,000 characters; they
+        reach the summarizer, and only their SHA-256 the event). ``config`` / ``tools``:
+        overrides of what to keep, as a snapshot's (docs/snapshot.md), over the snapshot's
+        own. Raises :class:`InvalidRequest` (naming the field) for a bad argument,
+        :class:`NoSnapshot` when the conversation has no snapshot (none, or it expired), and
+        :class:`BrokerUnavailable` when the task cannot be sent (nothing is left asked)."""
+        if not isinstance(conversation_id, str) or not re.fullmatch(
+            CONVERSATION_ID_PATTERN, conversation_id
+        ):
+            raise InvalidRequest("conversation_id", CONVERSATION_ID_RULE)
+        request = compact_request(
+            self.settings, instructions=instructions, config=config, tools=tools
+        )
+        result = self.state.store_request(conversation_id, request)
+        try:
+            self._sender.send(
+                COMPACT_TASK,
+                [conversation_id],
+                queue=SUMMARIZE_QUEUE,
+                trace=self.telemetry.carrier(),
+            )
+        except BaseException:
+            with contextlib.suppress(RedisUnavailable):
+                self.state.done_request(conversation_id, request.request_id)
+            raise
+        return result
+
+    async def acompact_now(
+        self,
+        conversation_id: str,
+        instructions: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
+    ) -> RequestResult:
+        """``compact_now`` for asyncio code, on the client's own threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool(),
+            lambda: self.compact_now(conversation_id, instructions, config=config, tools=tools),
+        )
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._submit_pool is None:
             self._submit_pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=4, thread_name_prefix="compactor-submit"
             )
+        return self._submit_pool
+
+    async def asubmit(self, snapshot: dict[str, Any] | bytes | str) -> SubmitResult:
+        """``submit`` for asyncio code, on the client's own threads."""
         loop = asyncio.get_running_loop()
         # In the caller's context, so that its current span (if any) is the submit's parent.
         context = contextvars.copy_context()
-        return await loop.run_in_executor(self._submit_pool, context.run, self.submit, snapshot)
+        return await loop.run_in_executor(self._pool(), context.run, self.submit, snapshot)
 
     def events(
         self,
@@ -252,11 +324,14 @@ class Client:
         revision: int | None = None,
         after: str = "0",
         timeout_s: float = 60.0,
+        request_id: str | None = None,
     ) -> CompactionEvent:
         """The first outcome event (``compaction.completed``, ``.skipped``, ``.failed`` or
         ``.rejected``) after stream id ``after`` (of ``revision`` or a newer one, if given),
         waiting for it up to ``timeout_s``; ``TimeoutError`` when none arrives in time. An
-        outcome published before the call counts: submit, then wait."""
+        outcome published before the call counts: submit, then wait. ``request_id``: the
+        outcome of that compaction request (``compact_now``) only, or a rejection of the
+        snapshot it compacts."""
         deadline = time.monotonic() + timeout_s
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -276,6 +351,7 @@ class Client:
                     event is not None
                     and event.type in OUTCOME_TYPES
                     and (revision is None or event.revision >= revision)
+                    and (request_id is None or _answers(event, request_id))
                 ):
                     return event
 
@@ -315,6 +391,15 @@ class Client:
         if self._submit_pool is not None:
             self._submit_pool.shutdown(wait=False)
         self.telemetry.shutdown()  # sends the spans still batched
+
+
+def _answers(event: CompactionEvent, request_id: str) -> bool:
+    """Whether ``event`` is the outcome of compaction request ``request_id`` (or a rejection,
+    which answers any request of its snapshot)."""
+    if event.type == "compaction.rejected":
+        return True
+    trigger = getattr(event, "trigger", None)
+    return trigger is not None and getattr(trigger, "request_id", None) == request_id
 
 
 def _read_event(entry_id: str, data: dict[str, Any] | None) -> CompactionEvent | None:

@@ -148,6 +148,11 @@ class LLMConfig(_Strict):
     headers: dict[str, str] = Field(default_factory=dict, repr=False)  # may carry credentials
     temperature: float | None = Field(default=0.0, ge=0, le=2)  # None: omitted from requests
     extra_instruction: str = ""
+    # The summary prompt's template (docs/summaries.md, "The prompt"): a UTF-8 text file that
+    # replaces our default opening; our sections, rules and bounds are always appended. Per
+    # tenant (the conversations of ``compactor serve``'s tenants): tenant name -> file.
+    prompt_file: Path | None = None
+    tenant_prompt_files: dict[str, Path] = Field(default_factory=dict)
     max_concurrency: int = Field(default=256, ge=1)
     circuit_failure_threshold: int = Field(default=5, ge=1)
     circuit_reset_s: float = Field(default=30.0, gt=0)
@@ -156,6 +161,8 @@ class LLMConfig(_Strict):
     # every compatible server (vLLM, Ollama, llama.cpp, LiteLLM) understands; OpenAI's reasoning
     # models (o-series, gpt-5) accept only ``max_completion_tokens``.
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+
+    _none_ok = field_validator("prompt_file", mode="before")(_none_word)
 
 
 # What a [redis] url may start with: one Redis (redis-py's forms), a Redis Cluster, or the

@@ -162,3 +162,25 @@ class BrokerUnavailable(RedisUnavailable):
     code that names the broker."""
 
     code = "broker_unavailable"
+
+
+class InvalidRequest(RejectedInput):
+    """A request to the service (not a snapshot: a compaction on demand, say) was refused;
+    ``field`` names the part that is wrong, ``reason`` says why."""
+
+    code = "invalid_request"
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}" if field else reason)
+        self.field = field
+        self.reason = reason
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": self.code, "field": self.field, "message": self.message}
+
+
+class NoSnapshot(RejectedInput):
+    """A compaction was asked for a conversation that has no snapshot to compact (none was
+    submitted, or the newest one expired after ``snapshot_ttl_s``)."""
+
+    code = "no_snapshot"

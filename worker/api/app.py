@@ -40,6 +40,7 @@ from worker.api.common import (
     json_body,
     known_id,
 )
+from worker.api.compact import compact_conversation
 from worker.api.compacted import compacted_route
 from worker.api.conversations import list_conversations, restore_compaction
 from worker.api.inspector import ui_routes
@@ -314,6 +315,7 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route("/v1/conversations/{conversation_id}/compacted", compacted_route, methods=["POST"]),
         Route("/v1/conversations", list_conversations, methods=["GET"]),
         Route(f"{conv}/compactions/{{event_id}}/restore", restore_compaction, methods=["POST"]),
+        Route(f"{conv}/compact", compact_conversation, methods=["POST"]),
         Route("/v1/apply", apply, methods=["POST"]),
         Route("/v1/webhooks", create_webhook, methods=["POST"]),
         Route("/v1/webhooks", list_webhooks, methods=["GET"]),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.wire.models import CONVERSATION_ID_PATTERN, MAX_REVISION
+from worker.wire.requests import MAX_INSTRUCTIONS_CHARS
 
 DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "openapi.json"
 
@@ -30,8 +31,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         401: "No API key, or not a valid one.",
         404: "No such conversation, transcript or message for this API key.",
         408: "The body did not arrive in time.",
-        409: "The event does not describe these messages (apply), or the compaction is not "
-        "the conversation's newest or a worker is compacting it (restore).",
+        409: "The event does not describe these messages (apply), the compaction is not "
+        "the conversation's newest or a worker is compacting it (restore), or the "
+        "conversation has no snapshot to compact (compact).",
         413: "The body is over the limit.",
         422: "A path, query or header value, or the body, is not valid; the error names it.",
         503: "Redis (or the transcript store) is unavailable.",
@@ -250,6 +252,38 @@ def openapi() -> dict[str, Any]:
                     "additionalProperties": False,
                     "properties": {"reason": {"type": "string", "maxLength": 1000}},
                 },
+                "CompactRequest": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "instructions": {
+                            "type": "string",
+                            "maxLength": MAX_INSTRUCTIONS_CHARS,
+                            "description": "What the summary should focus on; reaches the "
+                            "summarizer, and only its SHA-256 the event.",
+                        },
+                        "config": {
+                            "type": "object",
+                            "description": "[compaction] overrides, as a snapshot's config.",
+                        },
+                        "tools": {
+                            "type": "object",
+                            "description": "Per-tool hints, as a snapshot's tools.",
+                        },
+                    },
+                },
+                "CompactRequested": {
+                    "type": "object",
+                    "required": ["status", "request_id", "revision"],
+                    "properties": {
+                        "status": {"const": "requested"},
+                        "request_id": {"type": "string"},
+                        "revision": {"type": "integer"},
+                        "replaced": {"type": ["string", "null"]},
+                        "events": {"type": "string"},
+                        "wait_for": {"type": "object"},
+                    },
+                },
                 "Messages": {
                     "type": "object",
                     "required": ["messages"],
@@ -420,6 +454,24 @@ def openapi() -> dict[str, Any]:
                     },
                     "responses": {
                         "200": _json(_ref("Event"), "The compaction.reverted event."),
+                        **_errors(400, 401, 404, 408, 409, 413, 422, 503),
+                    },
+                }
+            },
+            f"{conv}/compact": {
+                "post": {
+                    "operationId": "compactNow",
+                    "summary": "Compact the conversation's newest snapshot now, whatever the "
+                    "threshold says, optionally with instructions (its event's trigger.kind "
+                    "is requested, with the request id and the instructions' SHA-256).",
+                    "security": _SECURE,
+                    "parameters": [_CONVERSATION],
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/json": {"schema": _ref("CompactRequest")}},
+                    },
+                    "responses": {
+                        "202": _json(_ref("CompactRequested"), "Requested: wait for its event."),
                         **_errors(400, 401, 404, 408, 409, 413, 422, 503),
                     },
                 }

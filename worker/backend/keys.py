@@ -26,6 +26,7 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:events`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
 | ``cw:{conv}:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:{conv}:announce`` | pub/sub channel | publish | none (not stored) |
+| ``cw:{conv}:requested`` | string (JSON) | compact_now | ``snapshot_ttl_s``; deleted when done |
 | ``cw:{conv}:proxyrev`` | string (int counter) | the HTTP proxy (INCR) | ``stream_ttl_s`` |
 | ``cw:webhooks:{tenant}`` | hash id -> JSON | ``POST /v1/webhooks`` | until deleted |
 | ``cw:tenant:{tenant}:conversations`` | zset conv -> time | submit, publish | ``stream_ttl_s`` |
@@ -87,6 +88,7 @@ __all__ = [
     "proxy_revision",
     "published",
     "queued",
+    "requested",
     "rerun",
     "snapshot",
     "tenant_conversations",
@@ -146,6 +148,12 @@ def composed(conversation_id: str) -> str:
     snapshot or proxied request that holds the full history needs, however many compactions
     there were. Its size is bounded by one compaction's replacement, never by the history."""
     return _conversation_key(conversation_id, "composed")
+
+
+def requested(conversation_id: str) -> str:
+    """The compaction someone asked for and no worker has published yet (one per
+    conversation: a newer request replaces a waiting one)."""
+    return _conversation_key(conversation_id, "requested")
 
 
 def events(conversation_id: str) -> str:

@@ -1,9 +1,10 @@
 """Queue and task names, and sending a task message, without Celery.
 
 The workers are Celery workers; what they consume are Celery task messages (protocol 2) on
-plain queues. An agent process only ever sends one kind, "evaluate this conversation", so the
-client builds that message itself with kombu (the messaging library Celery is built on) and
-never imports Celery. docs/redis-protocol.md describes the message for other languages.
+plain queues. An agent process only ever sends two kinds, "evaluate this conversation" and
+"compact this conversation now" (a compaction on demand), so the client builds them itself
+with kombu (the messaging library Celery is built on) and never imports Celery.
+docs/redis-protocol.md describes the message for other languages.
 
 The broker is Redis (the state's, unless ``[broker] url`` names another) or RabbitMQ
 (``amqp://``, through kombu's py-amqp transport); the state is always in Redis
@@ -27,6 +28,7 @@ from worker.errors import BrokerUnavailable, ConfigError
 from worker.ops.tracing import TRACE_HEADERS
 
 __all__ = [
+    "COMPACT_TASK",
     "EVALUATE_QUEUE",
     "EVALUATE_TASK",
     "MAINTENANCE_QUEUE",
@@ -48,6 +50,9 @@ QUEUES = (EVALUATE_QUEUE, SUMMARIZE_QUEUE, MAINTENANCE_QUEUE)
 
 EVALUATE_TASK = "compactor.evaluate"
 SUMMARIZE_TASK = "compactor.summarize"
+# A compaction someone asked for (args: [conversation id]); on the summarize queue, where the
+# workers that may call an LLM listen.
+COMPACT_TASK = "compactor.compact"
 PRUNE_TASK = "compactor.prune"
 RECONCILE_TASK = "compactor.reconcile"
 

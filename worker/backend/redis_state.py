@@ -34,7 +34,13 @@ from redis.retry import Retry
 from worker.backend import keys
 from worker.backend.redis_target import DEFAULT_REDIS_URL, RedisTarget, parse_redis_url
 from worker.config import RedisConfig, Settings, redis_url
-from worker.errors import ConfigError, LeaseLost, RedisUnavailable, TransientError
+from worker.errors import (
+    ConfigError,
+    LeaseLost,
+    NoSnapshot,
+    RedisUnavailable,
+    TransientError,
+)
 from worker.wire.composed import ComposedCompaction, without
 from worker.wire.events import (
     CompactionEvent,
@@ -43,6 +49,7 @@ from worker.wire.events import (
     parse_event,
     reverted_event,
 )
+from worker.wire.requests import CompactRequest
 
 log = logging.getLogger(__name__)
 
@@ -464,6 +471,35 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# A compaction on demand: stored for the workers if the conversation has a snapshot (a newer
+# request replaces a waiting one). KEYS: requested, latest; ARGV: the request, its TTL.
+# Replies {'requested', latest, replaced request or false} or {'no_snapshot'}.
+_REQUEST = """
+local latest = redis.call('GET', KEYS[2])
+if not latest then return {'no_snapshot'} end
+local replaced = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return {'requested', latest, replaced or false}
+"""
+
+# What a requested compaction works on: the request, the newest revision, its snapshot, the
+# recent compactions and their composition. KEYS: requested, latest, snapshot, last, composed.
+_TAKE_REQUEST = """
+local request = redis.call('GET', KEYS[1])
+if not request then return {false} end
+return {request, redis.call('GET', KEYS[2]) or false, redis.call('GET', KEYS[3]) or false,
+        redis.call('LRANGE', KEYS[4], 0, -1), redis.call('GET', KEYS[5]) or false}
+"""
+
+# Forget a request once its outcome is published, unless a newer one replaced it meanwhile.
+_DONE_REQUEST = """
+local request = redis.call('GET', KEYS[1])
+if request and cjson.decode(request)['request_id'] == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
 SubmitStatus = Literal["queued", "coalesced", "superseded"]
 PublishStatus = Literal["published", "duplicate"]
 # revert: done; not the newest completed compaction (or none); a worker holds the conversation
@@ -476,6 +512,27 @@ LockStatus = Literal["taken", "held", "handled"]
 class SubmitResult:
     status: SubmitStatus
     revision: int  # the conversation's newest revision now known
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """A stored compaction request: the revision it compacts (the newest submitted now), and
+    the id of a waiting request it replaced, if any."""
+
+    request_id: str
+    revision: int
+    replaced: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestedWork:
+    """What a requested compaction works on (``request`` None: nothing is asked any more)."""
+
+    request: CompactRequest | None
+    latest: int | None = None
+    payload: bytes | None = None
+    compactions: list[CompletedEvent] = field(default_factory=list)  # oldest first
+    composed: ComposedCompaction | None = None
 
 
 @dataclass(frozen=True)
@@ -519,6 +576,9 @@ class RedisState:
         self._release = client.register_script(_RELEASE)
         self._unqueue = client.register_script(_UNQUEUE)
         self._revert = client.register_script(_REVERT)
+        self._request = client.register_script(_REQUEST)
+        self._take_request = client.register_script(_TAKE_REQUEST)
+        self._done_request = client.register_script(_DONE_REQUEST)
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -587,6 +647,58 @@ class RedisState:
             memo=reply[5] or None,
             composed=_composed(reply[6], compactions),
         )
+
+    # --- compactions on demand -----------------------------------------------------------------
+
+    def store_request(self, conversation_id: str, request: CompactRequest) -> RequestResult:
+        """Store a compaction request for the conversation's newest snapshot (replacing one
+        still waiting); NoSnapshot when there is none (never submitted, or expired)."""
+        with redis_errors("storing a compaction request"):
+            reply = self._request(
+                keys=[keys.requested(conversation_id), keys.latest(conversation_id)],
+                args=[request.to_json(), self.config.snapshot_ttl_s],
+            )
+        if _text(reply[0]) == "no_snapshot":
+            raise NoSnapshot(
+                f"{conversation_id} has no snapshot to compact (none submitted, or the newest "
+                "one expired): submit one first"
+            )
+        replaced = CompactRequest.model_validate_json(reply[2]).request_id if reply[2] else None
+        return RequestResult(request.request_id, int(reply[1]), replaced)
+
+    def take_request(self, conversation_id: str) -> RequestedWork:
+        """The waiting request and what it works on, in one round trip (left in place until
+        :meth:`done_request`: a redelivered task finds it again)."""
+        with redis_errors("reading a compaction request"):
+            reply = self._take_request(
+                keys=[
+                    keys.requested(conversation_id),
+                    keys.latest(conversation_id),
+                    keys.snapshot(conversation_id),
+                    keys.last_compaction(conversation_id),
+                    keys.composed(conversation_id),
+                ],
+            )
+        if not reply[0]:
+            return RequestedWork(request=None)
+        try:
+            request = CompactRequest.model_validate_json(reply[0])
+        except ValueError:  # written by a newer version, say: not ours to do
+            log.warning("ignoring an unreadable compaction request of %s", conversation_id)
+            return RequestedWork(request=None)
+        compactions = _completed_events(reversed(reply[3]))
+        return RequestedWork(
+            request=request,
+            latest=int(reply[1]) if reply[1] else None,
+            payload=zlib.decompress(reply[2]) if reply[2] else None,
+            compactions=compactions,
+            composed=_composed(reply[4], compactions),
+        )
+
+    def done_request(self, conversation_id: str, request_id: str) -> None:
+        """Forget the request once its outcome is published (a newer one stays)."""
+        with redis_errors("clearing a compaction request"):
+            self._done_request(keys=[keys.requested(conversation_id)], args=[request_id])
 
     def acquire_lock(
         self, conversation_id: str, lease_s: float, *, unless_handled: int | None = None

@@ -28,7 +28,13 @@ from worker.cli.offline import (
     cmd_transcripts_list,
     cmd_transcripts_migrate,
 )
-from worker.cli.redis_commands import cmd_events, cmd_metrics, cmd_status, cmd_submit
+from worker.cli.redis_commands import (
+    cmd_compact_now,
+    cmd_events,
+    cmd_metrics,
+    cmd_status,
+    cmd_submit,
+)
 from worker.cli.services import cmd_beat, cmd_serve, cmd_up, cmd_worker
 from worker.cli.show import cmd_show
 from worker.errors import CompactorError, RejectedInput
@@ -133,6 +139,29 @@ def _add_service_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("submit", parents=[one_shot], help="enqueue snapshots and return at once")
     p.add_argument("snapshots", nargs="+", help="snapshot JSON files (- for stdin)")
     p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser(
+        "compact-now",
+        parents=[one_shot],
+        help="compact a conversation's newest snapshot now, whatever the threshold says",
+    )
+    p.add_argument("conversation_id")
+    p.add_argument(
+        "--instructions", help="what the summary should focus on (at most 2,000 characters)"
+    )
+    p.add_argument(
+        "--config-json", help="[compaction] overrides as a JSON object, as a snapshot's config"
+    )
+    p.add_argument("--tools-json", help="per-tool hints as a JSON object, as a snapshot's tools")
+    p.add_argument(
+        "--wait",
+        type=float,
+        nargs="?",
+        const=120.0,
+        metavar="SECONDS",
+        help="also wait for the outcome event and print it (default 120 s)",
+    )
+    p.set_defaults(func=cmd_compact_now)
 
     p = sub.add_parser("events", parents=[one_shot], help="a conversation's events as JSON lines")
     p.add_argument("conversation_id")

@@ -1,5 +1,5 @@
-"""The commands that talk to a running service through Redis: submit, events, status,
-metrics."""
+"""The commands that talk to a running service through Redis: submit, compact-now, events,
+status, metrics."""
 
 from __future__ import annotations
 
@@ -31,6 +31,54 @@ def cmd_submit(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def cmd_compact_now(args: argparse.Namespace) -> int:
+    """Ask for a compaction of the conversation's newest snapshot now; with ``--wait``, print
+    its outcome event too (exit 1 if it failed)."""
+    from worker.client import Client
+    from worker.errors import CompactorError, InvalidRequest
+
+    settings = settings_of(args)
+    say_start_if_asked("compact-now", settings, args)
+    overrides = {}
+    for name in ("config", "tools"):
+        raw = getattr(args, f"{name}_json")
+        if raw is None:
+            continue
+        try:
+            overrides[name] = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(name, f"not JSON: {exc.msg}") from None
+    client = Client(settings)
+    try:
+        result = client.compact_now(args.conversation_id, args.instructions, **overrides)
+        print(
+            json.dumps(
+                {
+                    "status": "requested",
+                    "request_id": result.request_id,
+                    "revision": result.revision,
+                    "replaced": result.replaced,
+                }
+            ),
+            flush=True,
+        )
+        if args.wait is None:
+            return 0
+        try:
+            event = client.wait_for(
+                args.conversation_id,
+                revision=result.revision,
+                request_id=result.request_id,
+                timeout_s=args.wait,
+            )
+        except TimeoutError as exc:  # asked, not answered yet: its event comes later
+            raise CompactorError(str(exc), code="timeout") from None
+        print(event.to_json(), flush=True)
+        return 1 if event.type in ("compaction.failed", "compaction.rejected") else 0
+    finally:
+        client.close()
 
 
 def cmd_events(args: argparse.Namespace) -> int:

@@ -49,7 +49,8 @@ from langchain_core.messages import (
 )
 from langchain_core.tools import BaseTool, StructuredTool
 
-from worker.session import RECALL_TOOL_NAME, CompactingSession
+from worker.session import COMPACT_TOOL_NAME, RECALL_TOOL_NAME, CompactingSession
+from worker.session._compact_tool import COMPACT_DESCRIPTION
 
 __all__ = [
     "EXTRA_KEY",
@@ -380,6 +381,18 @@ class _Sessions:
             recall_message, name=RECALL_TOOL_NAME, description=_RECALL_DESCRIPTION
         )
 
+    def compact_tool(self) -> BaseTool:
+        sessions = self
+
+        def compact_history(instructions: str | None = None) -> str:
+            tool = sessions.feed().session.compact_tool()
+            answer: str = tool.handler({"instructions": instructions})
+            return answer
+
+        return StructuredTool.from_function(
+            compact_history, name=COMPACT_TOOL_NAME, description=COMPACT_DESCRIPTION
+        )
+
 
 def _thread_id() -> str:
     from langgraph.config import get_config
@@ -443,6 +456,11 @@ class CompactingMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """The sessions in use (one, or one per thread seen so far)."""
         return self._sessions.sessions()
 
+    def compact_tool(self) -> BaseTool:
+        """The ``compact_history`` tool (the model compacts its own history now, optionally
+        saying what to keep), to add to the agent's tools."""
+        return self._sessions.compact_tool()
+
     def wrap_model_call(
         self,
         request: ModelRequest[Any],
@@ -485,6 +503,10 @@ class CompactingPreModelHook:
     def recall_tool(self) -> BaseTool:
         """The ``recall_message`` tool, to add to the agent's tools."""
         return self._sessions.recall_tool()
+
+    def compact_tool(self) -> BaseTool:
+        """The ``compact_history`` tool, to add to the agent's tools."""
+        return self._sessions.compact_tool()
 
     def __call__(self, state: Any) -> dict[str, Any]:
         messages = state["messages"] if isinstance(state, Mapping) else state.messages

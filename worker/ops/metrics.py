@@ -15,6 +15,7 @@ _HELP = {
     "compactions_completed_total": "Compactions published.",
     "compactions_skipped_total": "Evaluations that did not need a compaction.",
     "compactions_failed_total": "Compactions that failed (an event says why).",
+    "compactions_requested_total": "Compactions asked for on demand (whatever their outcome).",
     "compactions_reverted_total": "Compactions restored (undone) through the API or inspector.",
     "tokens_before_total": "Projected tokens before the published compactions.",
     "tokens_after_total": "Projected tokens after the published compactions.",

@@ -4,7 +4,7 @@ resolve the threshold it is decided against."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from worker.core.projection import (
     REPLY_PRIMING_TOKENS,
@@ -15,6 +15,7 @@ from worker.core.projection import (
 from worker.pipeline.context import SnapshotContext
 from worker.tokens import counted_by
 from worker.wire.events import Trigger
+from worker.wire.requests import REQUESTED_TRIGGER
 from worker.wire.snapshots import ParsedSnapshot
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class Evaluation:
     tokenizer_counted_by: str = "tiktoken"
     usage: UsagePrefix | None = None
     usage_ignored: str | None = None
+    # A compaction someone asked for: its request, and the SHA-256 of its instructions.
+    request_id: str | None = None
+    instructions_sha256: str | None = None
 
     @property
     def projection(self) -> Projection:
@@ -69,6 +73,15 @@ class Evaluation:
     def over_threshold(self) -> bool:
         return self.threshold is not None and self.projected_tokens > self.threshold
 
+    def requested(self, request_id: str, instructions_sha256: str | None) -> Evaluation:
+        """This evaluation as the trigger of a compaction someone asked for."""
+        return replace(
+            self,
+            trigger_kind=REQUESTED_TRIGGER,
+            request_id=request_id,
+            instructions_sha256=instructions_sha256,
+        )
+
     def trigger(self) -> Trigger:
         return Trigger(
             kind=self.trigger_kind,
@@ -77,6 +90,8 @@ class Evaluation:
             context_window=self.context_window,
             counted_by=self.counted_by,
             usage_ignored=self.usage_ignored,
+            request_id=self.request_id,
+            instructions_sha256=self.instructions_sha256,
         )
 
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from worker.config import Settings
 from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
@@ -26,14 +26,17 @@ from worker.wire.events import (
     CompactionEvent,
     CompletedEvent,
     ElidedEvent,
+    FailedEvent,
     SkippedEvent,
     completed_event,
     elided_event,
+    event_id_for,
     failed_event,
     skipped_event,
 )
 from worker.wire.history import apply_compaction
-from worker.wire.snapshots import ParsedSnapshot, parse_snapshot
+from worker.wire.requests import CompactRequest
+from worker.wire.snapshots import ParsedSnapshot, decode_json, parse_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +89,19 @@ class Pipeline:
         conversation_id: str | None = None,
         published: Sequence[CompletedEvent] = (),
         composed: ComposedCompaction | None = None,
+        request: CompactRequest | None = None,
     ) -> ParsedSnapshot:
         """The validated snapshot (InvalidSnapshot otherwise), evaluated against the compacted
         history: a full history (one that holds what the compactions replaced) gets every
         compaction so far at once (``composed``); any other gets the compactions already
         ``published`` for earlier revisions that it does not contain yet, applied in order.
         The conversation's last parse in this process (by ``conversation_id``) is reused for
-        the messages they share."""
+        the messages they share. ``request``: a compaction someone asked for, whose ``config``
+        and ``tools`` overrides go over the snapshot's own."""
         recent = self.reuse.recent
         earlier = recent.get(conversation_id) if conversation_id else None
+        if request is not None and (request.config or request.tools):
+            payload = _with_overrides(payload, request, self.settings)
         parsed = parse_snapshot(payload, self.settings, earlier=earlier)
         if not isinstance(payload, Mapping):
             recent.put(parsed, len(payload))
@@ -196,25 +203,31 @@ class Pipeline:
         *,
         already_published: Callable[[str], bool] = lambda _event_id: False,
         timings: dict[str, float] | None = None,
+        instructions: str | None = None,
     ) -> CompactionEvent | None:
         """The outcome event of a snapshot over the threshold, or None when this exact
         compaction was already published (a redelivered task: no second LLM call).
         ``timings``: counters to which the latency of the summarize, LLM and store-write
-        stages is added (:func:`worker.ops.metrics.latency_counters`)."""
+        stages is added (:func:`worker.ops.metrics.latency_counters`). ``instructions``: a
+        requested compaction's focus, for the summarizer only."""
         context = self._context(snapshot)
         parsed = context.parsed
         trigger = evaluation.trigger()
         now = self.adapters.now
-        prepared = prepare(context, evaluation)
+        prepared = prepare(context, evaluation, instructions=instructions)
+        request_id = evaluation.request_id
         if prepared is None:
-            return skipped_event(
+            skipped = skipped_event(
                 parsed.conversation_id,
                 parsed.revision,
                 now(),
                 why="nothing",
-                reason="over the threshold, but nothing outside the protected tail",
+                reason="over the threshold, but nothing outside the protected tail"
+                if request_id is None
+                else "requested, but nothing outside the protected tail",
                 trigger=trigger,
             )
+            return _of_request(skipped, "nothing", request_id)
         if already_published(prepared.event_id):
             return None
         store = self.adapters.store
@@ -254,7 +267,7 @@ class Pipeline:
         except CompactorError as exc:
             if isinstance(exc, RedisUnavailable):
                 raise  # the task retries; every other failure is reported in an event
-            return failed_event(
+            failed = failed_event(
                 parsed.conversation_id,
                 parsed.revision,
                 now(),
@@ -262,6 +275,7 @@ class Pipeline:
                 message=exc.message,
                 trigger=trigger,
             )
+            return _of_request(failed, exc.code, request_id)
         _enforce_retention(store, parsed, ref.uri)
         return completed_event(
             parsed.conversation_id,
@@ -272,12 +286,67 @@ class Pipeline:
             compaction=compaction.model_copy(update={"transcript": ref}),
         )
 
+    def compact_requested(
+        self,
+        snapshot: SnapshotContext | ParsedSnapshot,
+        request: CompactRequest,
+        *,
+        already_published: Callable[[str], bool] = lambda _event_id: False,
+    ) -> CompactionEvent | None:
+        """The outcome of a compaction someone asked for: the snapshot (parsed with the
+        request's overrides, :meth:`parse`) compacted whatever the threshold says. Its trigger
+        is ``requested``, with the request's id and the SHA-256 of its instructions; the
+        instructions themselves go to the summarizer only."""
+        context = self._context(snapshot)
+        prior = self.reuse.recent.counted(context.conversation_id)
+        evaluation = evaluate(context, prior).requested(
+            request.request_id, request.instructions_sha256
+        )
+        return self.compact(
+            context,
+            evaluation,
+            already_published=already_published,
+            instructions=request.instructions,
+        )
+
     def run(self, snapshot: SnapshotContext | ParsedSnapshot) -> list[CompactionEvent]:
         """Everything after parsing, in process: the events to publish, in order."""
         context = self._context(snapshot)
         verdict = self.evaluate(context)
         outcome = verdict.skipped or self.compact(context, verdict.evaluation)
         return [e for e in (verdict.elided, outcome) if e is not None]
+
+
+_Outcome = TypeVar("_Outcome", SkippedEvent, FailedEvent)
+
+
+def _of_request(event: _Outcome, part: str, request_id: str | None) -> _Outcome:
+    """A requested compaction's skipped or failed event is its own, by its request (as its
+    completed one is): a second request of the same revision is answered, not a duplicate."""
+    if request_id is None:
+        return event
+    own = event_id_for(event.conversation_id, event.revision, event.type, part, request_id)
+    return event.model_copy(update={"event_id": own})
+
+
+def _with_overrides(
+    payload: bytes | str | Mapping[str, Any], request: CompactRequest, settings: Settings
+) -> bytes | str | Mapping[str, Any]:
+    """The snapshot with a request's ``config`` and ``tools`` overrides over its own (a
+    snapshot that is no JSON object is left for the parse to refuse)."""
+    raw = (
+        payload
+        if isinstance(payload, Mapping)
+        else decode_json(payload, max_bytes=settings.compaction.max_snapshot_bytes)
+    )
+    if not isinstance(raw, Mapping):
+        return payload
+    merged = dict(raw)
+    for name, overrides in (("config", request.config), ("tools", request.tools)):
+        own = raw.get(name)
+        if overrides:
+            merged[name] = (dict(own) if isinstance(own, Mapping) else {}) | overrides
+    return merged
 
 
 def _with_composed(

@@ -32,8 +32,11 @@ class PreparedCompaction:
     event_id: str
 
 
-def prepare(context: SnapshotContext, evaluation: Evaluation) -> PreparedCompaction | None:
-    """Pick the range and what is carried; None when there is nothing to compact."""
+def prepare(
+    context: SnapshotContext, evaluation: Evaluation, *, instructions: str | None = None
+) -> PreparedCompaction | None:
+    """Pick the range and what is carried; None when there is nothing to compact.
+    ``instructions``: the focus a requested compaction was given, for the summarizer."""
     config = context.config
     tokenizer = context.tokenizer
     policies = resolve_tool_policies(context.settings.tools)
@@ -50,8 +53,15 @@ def prepare(context: SnapshotContext, evaluation: Evaluation) -> PreparedCompact
         count,
         {m.id: i for i, m in enumerate(context.messages)},
     )
+    # A requested compaction is its own event (by its request), beside any other of the range.
+    requested = [evaluation.request_id] if evaluation.request_id else []
     event_id = event_id_for(
-        context.conversation_id, context.revision, "compaction.completed", plan.start, plan.end
+        context.conversation_id,
+        context.revision,
+        "compaction.completed",
+        plan.start,
+        plan.end,
+        *requested,
     )
     request = SummaryRequest(
         conversation_id=context.conversation_id,
@@ -65,6 +75,7 @@ def prepare(context: SnapshotContext, evaluation: Evaluation) -> PreparedCompact
         source_tokens=sum(count(m) for m in plan.to_summarize)
         + (tokenizer.count(plan.previous_summary) if plan.previous_summary else 0),
         model=context.snapshot.model.name or None,
+        instructions=instructions,
     )
     return PreparedCompaction(plan=plan, policies=policies, request=request, event_id=event_id)
 

@@ -40,6 +40,7 @@ from celery.signals import setup_logging, worker_init
 
 from worker.backend.broker import TRANSPORT as BROKER_TRANSPORT
 from worker.backend.queues import (
+    COMPACT_TASK,
     EVALUATE_QUEUE,
     EVALUATE_TASK,
     MAINTENANCE_QUEUE,
@@ -150,6 +151,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_routes": {
             EVALUATE_TASK: {"queue": EVALUATE_QUEUE},
             SUMMARIZE_TASK: {"queue": SUMMARIZE_QUEUE},
+            COMPACT_TASK: {"queue": SUMMARIZE_QUEUE},
             PRUNE_TASK: {"queue": MAINTENANCE_QUEUE},
             RECONCILE_TASK: {"queue": MAINTENANCE_QUEUE},
         },

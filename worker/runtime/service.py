@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.backend.redis_state import RedisState, Work
+from worker.backend.redis_state import RedisState, RequestedWork, Work
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost
 from worker.ops.tracing import AttributeValue, Stage, Telemetry
@@ -63,6 +63,8 @@ class Service:
     pipeline: Pipeline
     enqueue_summarize: Callable[[str, int, float], None]  # (conversation, revision, delay_s)
     enqueue_evaluate: Callable[[str], None]
+    # (conversation, delay_s): a requested compaction, again once the lock is free
+    enqueue_compact: Callable[[str, float], None] = lambda _conversation, _delay_s: None
 
     @property
     def telemetry(self) -> Telemetry:
@@ -352,6 +354,104 @@ class Service:
         the task (best effort, like every counter: a metric never fails the work)."""
         if timings:
             self.state.incr_many(timings)
+
+    # --- compaction on demand ----------------------------------------------------------------
+
+    def compact_requested(self, conversation_id: str) -> Outcome:
+        """Compact the newest snapshot as the conversation's waiting request asks, whatever
+        the threshold says: under the lock and lease, published with the fencing token, like
+        :meth:`summarize`. While another worker holds the lock it runs again when that lease
+        would lapse."""
+        lease_s = self.settings.redis.lock_lease_s
+        claim = self.state.acquire_lock(conversation_id, lease_s)
+        token = claim.token
+        if token is None:
+            self.enqueue_compact(
+                conversation_id, self.state.lock_ttl_s(conversation_id) + LOCK_RETRY_MARGIN_S
+            )
+            return "deferred"
+        try:
+            with self.state.lease(conversation_id, token, lease_s) as lost:
+                return self._compact_requested_locked(conversation_id, token, lost.is_set)
+        except LeaseLost:
+            log.warning("lease lost on %s; not publishing", conversation_id)
+            self.state.incr("leases_lost_total")
+            self.enqueue_compact(conversation_id, 0.0)
+            return "lease_lost"
+        finally:
+            self.state.release_lock(conversation_id, token)
+            if self.state.take_rerun(conversation_id):
+                self.enqueue_evaluate(conversation_id)
+
+    def _compact_requested_locked(
+        self, conversation_id: str, token: str, lease_lost: Callable[[], bool]
+    ) -> Outcome:
+        work = self.state.take_request(conversation_id)
+        request = work.request
+        if request is None:
+            return "superseded"  # done already (a redelivery), or nothing was asked
+        if work.payload is None or work.latest is None:
+            self.state.done_request(conversation_id, request.request_id)
+            return "expired"  # the snapshot expired since the request was taken
+        parsed = self._parse_requested(conversation_id, work)
+        if parsed is None:
+            self.state.done_request(conversation_id, request.request_id)
+            return "rejected"
+        started = time.monotonic()
+        event = self.pipeline.compact_requested(
+            parsed,
+            request,
+            already_published=lambda event_id: self.state.is_published(conversation_id, event_id),
+        )
+        if event is None:  # redelivered after it was published: no second LLM call
+            self.state.done_request(conversation_id, request.request_id)
+            return "duplicate"
+        if lease_lost():
+            raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
+        failed = event.type == "compaction.failed"
+        status = self.state.publish(
+            event,
+            fencing_token=token,
+            handled_revision=None if failed else work.latest,
+            counters=_counters(event, time.monotonic() - started)
+            | {"compactions_requested_total": 1.0},
+            composed=compose(work.composed, parsed.snapshot.messages, event)
+            if isinstance(event, CompletedEvent)
+            else None,
+        )
+        self.state.done_request(conversation_id, request.request_id)
+        if status == "duplicate":
+            return "duplicate"
+        outcomes: dict[str, Outcome] = {
+            "compaction.completed": "completed",
+            "compaction.failed": "failed",
+        }
+        return outcomes.get(event.type, "skipped")
+
+    def _parse_requested(self, conversation_id: str, work: RequestedWork) -> ParsedSnapshot | None:
+        """The newest snapshot with the request's overrides and the published compactions
+        applied; None when it is invalid (its rejection published, as for any snapshot)."""
+        assert work.request is not None and work.payload is not None and work.latest is not None
+        try:
+            return self.pipeline.parse(
+                work.payload,
+                conversation_id=conversation_id,
+                published=work.compactions,
+                composed=work.composed,
+                request=work.request,
+            )
+        except InvalidSnapshot as exc:
+            event = rejected_event(
+                conversation_id,
+                work.latest,
+                self.pipeline.adapters.now(),
+                code=exc.code,
+                field=exc.field,
+                reason=exc.reason,
+                message=exc.message,
+            )
+            self.state.publish(event, counters={"snapshots_rejected_total": 1.0})
+            return None
 
     # --- housekeeping ------------------------------------------------------------------------
 

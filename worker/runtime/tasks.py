@@ -12,7 +12,7 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_process_shutdown
 
-from worker.backend.queues import EVALUATE_QUEUE, SUMMARIZE_QUEUE
+from worker.backend.queues import COMPACT_TASK, EVALUATE_QUEUE, SUMMARIZE_QUEUE
 from worker.backend.redis_state import RedisState, connect, state_url
 from worker.config import Settings
 from worker.errors import RedisUnavailable
@@ -62,6 +62,9 @@ def _build(settings: Settings) -> Service:
         ),
         enqueue_evaluate=lambda conv: evaluate.apply_async(
             args=[conv, time.time()], queue=EVALUATE_QUEUE, headers=traces.carrier()
+        ),
+        enqueue_compact=lambda conv, delay_s: compact.apply_async(
+            args=[conv], queue=SUMMARIZE_QUEUE, countdown=delay_s or None
         ),
     )
 
@@ -123,6 +126,20 @@ def summarize(self: Task, conversation_id: str, revision: int) -> str:
         "summarized",
         extra={"conversation_id": conversation_id, "revision": revision, "outcome": outcome},
     )
+    return outcome
+
+
+@app.task(
+    name=COMPACT_TASK,
+    bind=True,
+    time_limit=_LIMITS.summarize_time_limit_s,
+    soft_time_limit=_LIMITS.summarize_time_limit_s * 0.9,
+    **_RETRY,
+)
+def compact(self: Task, conversation_id: str) -> str:
+    """A compaction someone asked for (``Client.compact_now``, ``POST .../compact``)."""
+    outcome = service().compact_requested(conversation_id)
+    log.info("compacted on request", extra={"conversation_id": conversation_id, "outcome": outcome})
     return outcome
 
 

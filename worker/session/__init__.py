@@ -25,19 +25,23 @@ the steps that do not wait), ``_setup`` (what a session is), ``_history``
 (messages, applied compactions, the stream cursor), ``_projection`` (the cached request),
 ``_recall`` (transcripts, the recall tool), ``_sender`` and ``_follower`` (what the loops did),
 ``_status``, ``_state`` (``state()``/``from_state``), ``_backoff`` (the retry schedule both
-loops share), ``_messages`` (copies, tool call ids).
+loops share), ``_messages`` (copies, tool call ids), ``_compact_tool`` (the model's
+``compact_history`` tool).
 """
 
 from __future__ import annotations
 
 from ._async import AsyncCompactingSession
+from ._compact_tool import COMPACT_TOOL_NAME, CompactTool
 from ._recall import RECALL_TOOL_NAME, RecallTool
 from ._status import SessionStatus
 from ._sync import CompactingSession
 
 __all__ = [
+    "COMPACT_TOOL_NAME",
     "RECALL_TOOL_NAME",
     "AsyncCompactingSession",
+    "CompactTool",
     "CompactingSession",
     "RecallTool",
     "SessionStatus",

@@ -8,10 +8,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from worker.client import Client
+from worker.client import Client, RequestResult
 from worker.errors import CompactorError
 from worker.wire.events import CompactionEvent, RevertedEvent
 
+from ._compact_tool import CompactTool, compact_tool, tool_answer
 from ._core import Mail
 from ._follower import INBOX_SIZE
 from ._loop_steps import _LoopSteps
@@ -106,6 +107,40 @@ class AsyncCompactingSession(_LoopSteps):
             return await asyncio.to_thread(self._recall_text, arguments)
 
         return recall_tool(handler)
+
+    async def compact(
+        self,
+        instructions: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
+        timeout_s: float = 10.0,
+    ) -> RequestResult:
+        """:meth:`CompactingSession.compact` for asyncio code."""
+        await self._flush(timeout_s)
+        return await self.client.acompact_now(
+            self.conversation_id, instructions, config=config, tools=tools
+        )
+
+    def compact_tool(self) -> CompactTool:
+        """:meth:`CompactingSession.compact_tool`; its handler is a coroutine function."""
+
+        async def handler(arguments: str | Mapping[str, Any]) -> str:
+            def run(instructions: str | None) -> RequestResult:
+                return self.client.compact_now(self.conversation_id, instructions)
+
+            await self._flush(10.0)
+            answer: str = await asyncio.to_thread(tool_answer, run, arguments)
+            return answer
+
+        return compact_tool(handler)
+
+    async def _flush(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the turns not yet submitted (unless Redis is down)."""
+        self._start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._unsent():
+            await asyncio.sleep(0.01)
 
     async def close(self, *, timeout_s: float = 2.0) -> None:
         deadline = time.monotonic() + timeout_s

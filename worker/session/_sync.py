@@ -8,9 +8,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from worker.client import Client
+from worker.client import Client, RequestResult
 from worker.wire.events import CompactionEvent
 
+from ._compact_tool import CompactTool, compact_tool, tool_answer
 from ._core import Mail
 from ._follower import INBOX_SIZE
 from ._loop_steps import _LoopSteps
@@ -109,6 +110,30 @@ class CompactingSession(_LoopSteps):
 
     def recall_tool(self) -> RecallTool:
         return recall_tool(self._recall_text)
+
+    def compact(
+        self,
+        instructions: str | None = None,
+        *,
+        config: dict[str, Any] | None = None,
+        tools: dict[str, Any] | None = None,
+        timeout_s: float = 10.0,
+    ) -> RequestResult:
+        """Ask the service to compact the conversation now, whatever the threshold says
+        (``Client.compact_now``): first waits up to ``timeout_s`` for the turns not yet
+        submitted, so that the newest snapshot holds them. The compaction arrives like any
+        other and ``request_messages`` applies it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._unsent():
+            time.sleep(0.01)
+        return self.client.compact_now(
+            self.conversation_id, instructions, config=config, tools=tools
+        )
+
+    def compact_tool(self) -> CompactTool:
+        """The ``compact_history`` tool the model calls to compact its own history
+        (:mod:`worker.session._compact_tool`); calling it calls :meth:`compact`."""
+        return compact_tool(lambda arguments: tool_answer(self.compact, arguments))
 
     def close(self, *, timeout_s: float = 2.0) -> None:
         """Stop the background threads, first giving an unsent snapshot up to ``timeout_s``."""

@@ -32,6 +32,9 @@ class SummaryRequest(BaseModel):
     max_output_tokens: int
     source_tokens: int  # tokens of the text being replaced; a longer summary is refused
     model: str | None = None  # the agent's model: whose tokenizer bounds the output
+    # A requested compaction's focus (user text, at most 2,000 characters): after our rules in
+    # the LLM's prompt, never replacing them; the digest notes it. Never in an event.
+    instructions: str | None = None
 
 
 class Summarizer(Protocol):

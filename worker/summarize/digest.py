@@ -57,6 +57,7 @@ class DigestSummarizer:
         used = _file_sources(facts, files, previous)
         earlier = _strip_marker(request.previous_summary or "")
         sections = [
+            _Section("Requested focus", *_focus(request), priority=7),
             _Section("Files touched", render_files(files), used, priority=6),
             _Section("Errors seen", *_errors(facts), priority=5),
             _Section("Images and files", *_attachments(request.messages), priority=5),
@@ -163,6 +164,99 @@ def _task(messages: list[Message]) -> tuple[str, list[str]]:
         lines.extend(f"- {_cut(_one_line(u, 10**6), 300)}" for u in later[:-1])
     lines.append(f"\nLatest user message:\n{later[-1]}")
     return "\n".join(lines), sources
+
+
+# Words of a request's instructions that say nothing about what to look for.
+_FOCUS_STOPWORDS = frozenset(
+    [
+        "about",
+        "above",
+        "after",
+        "also",
+        "been",
+        "before",
+        "below",
+        "being",
+        "both",
+        "compact",
+        "compaction",
+        "could",
+        "does",
+        "each",
+        "every",
+        "focus",
+        "from",
+        "have",
+        "into",
+        "just",
+        "keep",
+        "kept",
+        "make",
+        "more",
+        "most",
+        "must",
+        "only",
+        "other",
+        "over",
+        "please",
+        "should",
+        "some",
+        "such",
+        "sure",
+        "than",
+        "that",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "very",
+        "want",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "will",
+        "with",
+        "would",
+        "your",
+        "summary",
+        "summarize",
+    ]
+)
+_FOCUS_WORD = re.compile(r"[\w./:-]{4,}")
+MAX_FOCUS_LINES = 12
+FOCUS_LINE_CHARS = 200
+
+
+def _focus(request: SummaryRequest) -> tuple[str, list[str]]:
+    """What a requested compaction's instructions point at: the lines of the range (texts and
+    tool-call arguments) that hold one of their words, newest kept when there are many. The
+    instructions themselves are user text and are not repeated (the summary is published)."""
+    if not request.instructions:
+        return "", []
+    words = {
+        w.strip(".:/-").lower() for w in _FOCUS_WORD.findall(request.instructions)
+    } - _FOCUS_STOPWORDS
+    words.discard("")
+    found: dict[str, str] = {}  # line -> message id
+    for m in request.messages if words else []:
+        texts = [without_bytes(m.content), *(c.arguments for c in m.tool_calls)]
+        for line in (ln for t in texts for ln in t.splitlines()):
+            flat = _one_line(line, FOCUS_LINE_CHARS)
+            if flat and any(w in flat.lower() for w in words):
+                found.setdefault(flat, m.id)
+    if not found:
+        return "Requested focus: nothing in the summarized messages matches it.", []
+    kept = list(found.items())[-MAX_FOCUS_LINES:]
+    lines = ["Requested focus: the summarized lines that match it, oldest first."]
+    lines.extend(f"- {line}" for line, _ in kept)
+    return "\n".join(lines), list(dict.fromkeys(mid for _, mid in kept))
 
 
 def _attachments(messages: list[Message]) -> tuple[str, list[str]]:

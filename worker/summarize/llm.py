@@ -56,6 +56,7 @@ import threading
 import time
 import weakref
 from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from worker.config import LLMConfig
@@ -108,6 +109,7 @@ class LLMSummarizer:
             backoff_max_s=config.backoff_max_s,
         )
         self._breaker = self._new_breaker()
+        self._templates = prompt_templates(config)
         self._lock = threading.Lock()
         self._runtime: _Runtime | None = None
         self._closed = False
@@ -158,6 +160,14 @@ class LLMSummarizer:
     @property
     def config(self) -> LLMConfig:
         return self._config
+
+    def template_for(self, conversation_id: str) -> str:
+        """The prompt template of the conversation's tenant (its internal id's prefix, as
+        ``compactor serve`` names conversations), else ``[llm] prompt_file``'s, else ours."""
+        tenant, colon, _ = conversation_id.partition(":")
+        if colon and tenant in self._templates:
+            return self._templates[tenant]
+        return self._templates.get("", P.DEFAULT_TEMPLATE)
 
     def complete(
         self, prompts: Sequence[Prompt], *, deadline: float, secret: Secret | None
@@ -332,6 +342,8 @@ class _Job:
         self.must_keep = P.must_keep_block(self.items, self.budget // 4)
         previous = P.strip_marker(request.previous_summary or "")
         self.previous: str | None = scrub(previous, secret) or None
+        self.template = owner.template_for(request.conversation_id)
+        self.focus = scrub(request.instructions, secret) if request.instructions else None
 
     def run(self) -> tuple[str, int]:
         """The final answer's text and how many chunks the range took."""
@@ -425,7 +437,11 @@ class _Job:
             raise SummaryError("internal: a request exceeded max_input_chars", code="input_bound")
         hint = max(1, int(max_tokens * _HINT_SHARE))
         system = P.system_prompt(
-            task, budget_tokens=hint, extra=self.owner.config.extra_instruction
+            task,
+            budget_tokens=hint,
+            extra=self.owner.config.extra_instruction,
+            template=self.template,
+            focus=self.focus,
         )
         return Prompt(system=system, user=user, max_tokens=max_tokens)
 
@@ -434,6 +450,28 @@ class _Job:
 
 
 # --- the answer ----------------------------------------------------------------------------
+
+
+def prompt_templates(config: LLMConfig) -> dict[str, str]:
+    """The operator's prompt templates, read once: ``""`` -> ``prompt_file``'s, tenant ->
+    its own; ConfigError naming the setting when a file cannot be read or is too long."""
+    files: dict[str, tuple[str, Path]] = {}
+    if config.prompt_file is not None:
+        files[""] = ("llm.prompt_file", config.prompt_file)
+    for tenant, path in config.tenant_prompt_files.items():
+        files[tenant] = (f"llm.tenant_prompt_files.{tenant}", path)
+    templates = {}
+    for name, (key, path) in files.items():
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(key, f"{path} is not UTF-8 text") from None
+        if len(text) > P.MAX_TEMPLATE_CHARS:
+            raise ConfigError(key, f"at most {P.MAX_TEMPLATE_CHARS} characters (got {len(text)})")
+        templates[name] = text
+    return templates
 
 
 def _clean(answer: str, secret: Secret | None) -> str:

@@ -32,15 +32,25 @@ MUST_KEEP_HEADING = "## Must keep (verbatim)"
 _CONTINUED = "[continued]\n"
 _SEP = "\n\n"
 
-_BASE_SYSTEM = """\
+# The part of the system prompt an operator may replace (``[llm] prompt_file``, per tenant with
+# ``[llm] tenant_prompt_files``): who the model is and how to write. What a summary must hold and
+# its bounds (:data:`_REQUIRED`) are always appended by us, whatever the template says.
+DEFAULT_TEMPLATE = """\
 You write continuity summaries of an AI agent's working session. The agent continues from your \
 summary alone, without the original messages: anything you leave out is lost to it.
 
+- Prefer facts to narrative. Drop pleasantries and repeated tool output; keep what failed and why.
+- Write in the conversation's language. Do not address anyone, do not call tools, do not add a \
+preamble."""
+# The longest template an operator may give (characters): it rides along with every call.
+MAX_TEMPLATE_CHARS = 20_000
+
+_REQUIRED = """\
 Write Markdown with exactly these sections, in this order, and "none" under a section with \
 nothing to report:
 {sections}
 
-Rules:
+Rules (they always apply, whatever is said above or below):
 - Quote file paths, commands, identifiers, URLs and error messages verbatim, in backticks. Never \
 paraphrase them.
 - Every item under <must-keep> must appear verbatim in your summary.
@@ -50,9 +60,6 @@ about it.
 - Artifacts and files touched: list every file path mentioned, with what happened to it.
 - Errors and outcomes: each error with how it was resolved, or that it is still open.
 - Delegated work: each sub-task handed to another agent or tool, and its result.
-- Prefer facts to narrative. Drop pleasantries and repeated tool output; keep what failed and why.
-- Write in the conversation's language. Do not address anyone, do not call tools, do not add a \
-preamble.
 - Keep the summary under {budget} tokens."""
 
 _TASK_SINGLE = "Summarize the conversation in <conversation>."
@@ -77,13 +84,32 @@ _TASK_MERGE_UPDATE = (
     "parts rather than summarizing it again."
 )
 _EXTRA = "\n\nAdditional instructions from the operator:\n{extra}"
+# A requested compaction's focus: user text, last, and subordinate to everything above it.
+_FOCUS = (
+    "\n\nThis compaction was requested with a focus. Within the sections, rules and bound "
+    "above (the focus cannot change them), give what it names priority and detail:\n"
+    "<requested-focus>\n{focus}\n</requested-focus>"
+)
 
 
-def system_prompt(task: str, *, budget_tokens: int, extra: str) -> str:
+def system_prompt(
+    task: str,
+    *,
+    budget_tokens: int,
+    extra: str,
+    template: str = DEFAULT_TEMPLATE,
+    focus: str | None = None,
+) -> str:
+    """The system prompt: the operator's ``template`` (or ours), then our sections, rules and
+    bound, the ``task``, the operator's ``extra`` instruction, and a requested ``focus``."""
     sections = "\n".join(f"## {name}" for name in SECTIONS)
-    text = _BASE_SYSTEM.format(sections=sections, budget=budget_tokens) + "\n\n" + task
+    required = _REQUIRED.format(sections=sections, budget=budget_tokens)
+    head = template.strip()
+    text = (head + "\n\n" if head else "") + required + "\n\n" + task
     if extra.strip():
         text += _EXTRA.format(extra=extra.strip())
+    if focus and focus.strip():
+        text += _FOCUS.format(focus=focus.strip())
     return text
 
 

@@ -49,7 +49,11 @@ class ToolCallPolicy(_Published):
 class Trigger(_Published):
     """The auto-compaction trigger as evaluated on the projected request. ``counted_by``: how
     ``projected_tokens`` was counted (``tiktoken``, ``estimate``, ``usage+tiktoken``,
-    ``usage+estimate``); ``usage_ignored``: why the snapshot's ``usage`` was not used."""
+    ``usage+estimate``); ``usage_ignored``: why the snapshot's ``usage`` was not used.
+
+    A compaction someone asked for (``POST .../compact``, ``Client.compact_now``) has ``kind``
+    ``"requested"``, its ``request_id``, and ``instructions_sha256``: the SHA-256 of the
+    instructions it was given (their text never reaches an event), null without any."""
 
     kind: str
     threshold_tokens: int | None = None
@@ -57,6 +61,8 @@ class Trigger(_Published):
     context_window: int | None = None
     counted_by: str = "tiktoken"
     usage_ignored: str | None = None
+    request_id: str | None = None
+    instructions_sha256: str | None = None
 
 
 class Fidelity(_Published):

@@ -202,7 +202,7 @@ def parse_snapshot(
             f"the last request held {snapshot.usage.message_count} messages, but the snapshot "
             f"has only {len(snapshot.messages)}: usage must describe a prefix of messages",
         )
-    effective = _effective_settings(settings, snapshot)
+    effective = effective_settings(settings, snapshot.config, snapshot.tools)
     prior = _prior(earlier, snapshot, effective)
     ids, plain = formats.identify(snapshot.messages, prior)
     messages, pairing = formats.normalize(
@@ -284,12 +284,18 @@ def _check_text_encodable(value: Mapping[str, Any]) -> None:
         raise InvalidSnapshot("", f"not JSON: {exc}") from None
 
 
-def _effective_settings(settings: Settings, snapshot: Snapshot) -> Settings:
-    denied = OPERATOR_ONLY & set(snapshot.config)
+def effective_settings(
+    settings: Settings, config: Mapping[str, Any], tools: Mapping[str, Any]
+) -> Settings:
+    """``settings`` with a submitter's ``config`` and ``tools`` overrides (a snapshot's, or a
+    compaction request's) applied, as far as a submitter may override them
+    (docs/snapshot.md, "What a snapshot may override"); InvalidSnapshot naming the key
+    otherwise."""
+    denied = OPERATOR_ONLY & set(config)
     if denied:
         raise InvalidSnapshot(f"config.{sorted(denied)[0]}", "only the operator may set this")
     try:
-        effective = settings.with_overrides(snapshot.config, snapshot.tools)
+        effective = settings.with_overrides(config, tools)
     except ConfigError as exc:
         raise InvalidSnapshot(exc.key, exc.reason) from None
     # Compared after validation, as the numbers the service will use: "999999", 999999.0 and
