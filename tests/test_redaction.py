@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from redaction_samples import ORDINARY, PLANTED, Planted
@@ -135,3 +136,10 @@ def test_adversarial_megabytes_cost_about_what_a_plain_megabyte_costs() -> None:
     for name, text in ADVERSARIAL.items():
         took = _seconds(text)
         assert took < baseline * 40, f"{name}: {took:.3f}s against {baseline:.3f}s for plain text"
+
+
+def test_the_documented_table_lists_every_kind_in_the_order_they_run() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "summaries.md").read_text()
+    section = doc.split("## Secrets are redacted before summarizing", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [p.kind for p in PATTERNS]

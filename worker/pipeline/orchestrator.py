@@ -221,7 +221,12 @@ class Pipeline:
                 parsed.conversation_id,
                 parsed.revision,
                 prepared.event_id,
-                transcript_payload(parsed, compaction, prepared.event_id),
+                transcript_payload(
+                    parsed,
+                    compaction,
+                    prepared.event_id,
+                    redact=self.settings.transcripts.redact,
+                ),
             )
         except CompactorError as exc:
             if isinstance(exc, RedisUnavailable):

@@ -51,8 +51,12 @@ about it.
 - Errors and outcomes: each error with how it was resolved, or that it is still open.
 - Delegated work: each sub-task handed to another agent or tool, and its result.
 - Prefer facts to narrative. Drop pleasantries and repeated tool output; keep what failed and why.
-- Write in the conversation's language. Do not address anyone, do not call tools, do not add a \
-preamble.
+- Write the summary in the language the conversation is written in (the user's language), \
+even though these instructions are in English; quote its words as written, never translated or \
+transliterated.
+- `[redacted: KIND]` stands for a secret removed from the conversation: keep the placeholder as \
+it is; never guess or reconstruct the value.
+- Do not address anyone, do not call tools, do not add a preamble.
 - Keep the summary under {budget} tokens."""
 
 _TASK_SINGLE = "Summarize the conversation in <conversation>."
