@@ -24,6 +24,7 @@ from service_support import (  # noqa: F401 - fixtures
 )
 
 from worker.config import Settings
+from worker.core.inspection import compaction_view
 from worker.pipeline import Adapters, Pipeline
 from worker.pipeline.preparation import prepare
 from worker.reuse import Reuse
@@ -153,6 +154,10 @@ def test_transcripts_are_redacted_when_the_operator_asks(tmp_path: Path) -> None
     assert not [p.kind for p in planted if leaked(p.secret, stored)]
     assert sum(doc["redactions"].values()) == 3 * len(planted)
     assert doc["messages"][0]["content"] == "You are a coding agent."  # the rest as it was
+    # the redacted range no longer hashes to the event's range_sha256: the inspector says so
+    view = compaction_view(event, doc["messages"], raw=json.loads(event.to_json()))
+    assert view.replaced == [] and view.transcript_problem
+    assert view.redactions == event.compaction.summary.redactions
 
 
 def test_the_redact_setting_reads_from_toml_and_the_environment(tmp_path: Path) -> None:
