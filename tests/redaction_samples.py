@@ -87,6 +87,7 @@ ORDINARY: tuple[str, ...] = (
     "redis://localhost:6379/0 and https://user@example.com/path?x=1#frag and ssh://git@github.com/o/r",
     "git@github.com:org/repo.git at http://127.0.0.1:8080/health",
     "URLValidator accepts http://user:pass@host, http://:pass@host and http://user:pass%40word@h",
+    "see risk-assessment-2024-report-final-v2 and disk-usage-summary-2024-11-30-x86_64",
     "The secret: keep the tests green. Token: the next step is the parser.",
     "ValueError: invalid literal for int() with base 10: 'abc' at line 42, col 7",
 )

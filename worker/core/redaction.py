@@ -38,6 +38,14 @@ __all__ = [
 # Characters of a token: a match starts only where a run of them starts, so a long run is
 # scanned once, not once per character.
 _TOKEN_RUN = r"(?<![A-Za-z0-9_-])"
+
+
+def _run_starts_before(prefix: int) -> str:
+    """:data:`_TOKEN_RUN` for a match whose ``prefix`` literal characters come first: written
+    after the literal, so that the regex engine still searches for the literal (fast)."""
+    return rf"(?<![A-Za-z0-9_-][\s\S]{{{prefix}}})"
+
+
 _END = r"(?![A-Za-z0-9_-])"
 # An optional quote, escaped or not: a secret in JSON inside a JSON string (tool arguments).
 _QUOTE = r"(?:\\?[\"'])?"
@@ -47,13 +55,14 @@ _QUOTE = r"(?:\\?[\"'])?"
 class Pattern:
     """One kind of secret. ``regex``'s group ``secret`` is what is replaced (the whole match when
     it has none); ``accept`` vets a candidate (its full match) and ``needles`` skip the regex when
-    none of them is in the text (case-sensitive)."""
+    none of them is in the text."""
 
     kind: str
     regex: re.Pattern[str]
     description: str
     accept: Callable[[re.Match[str]], bool] | None = None
     needles: tuple[str, ...] = ()
+    folded: bool = False  # the needles are lower case, looked for in the lower-cased text
 
 
 @dataclass(frozen=True)
@@ -153,9 +162,9 @@ def _p(
     *,
     accept: Callable[[re.Match[str]], bool] | None = None,
     needles: tuple[str, ...] = (),
-    flags: int = 0,
+    folded: bool = False,
 ) -> Pattern:
-    return Pattern(kind, re.compile(pattern, flags), description, accept, needles)
+    return Pattern(kind, re.compile(pattern), description, accept, needles, folded)
 
 
 PATTERNS: tuple[Pattern, ...] = (
@@ -172,13 +181,13 @@ PATTERNS: tuple[Pattern, ...] = (
     ),
     _p(
         "anthropic_api_key",
-        _TOKEN_RUN + r"sk-ant-[A-Za-z0-9_-]{20,}+",
+        r"sk-ant-" + _run_starts_before(7) + r"[A-Za-z0-9_-]{20,}+",
         "`sk-ant-…`",
         needles=("sk-ant-",),
     ),
     _p(
         "openai_api_key",
-        _TOKEN_RUN + r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}+",
+        r"sk-" + _run_starts_before(3) + r"(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}+",
         "`sk-…`, `sk-proj-…`, `sk-svcacct-…` (with a digit in it)",
         accept=_with_digit,
         needles=("sk-",),
@@ -191,7 +200,7 @@ PATTERNS: tuple[Pattern, ...] = (
     ),
     _p(
         "aws_access_key_id",
-        r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])",
+        r"A(?:KIA|SIA|BIA|CCA)(?<![A-Za-z0-9][\s\S]{4})[A-Z0-9]{16}(?![A-Za-z0-9])",
         "`AKIA…`, `ASIA…` (20 characters)",
         needles=("AKIA", "ASIA", "ABIA", "ACCA"),
     ),
@@ -200,24 +209,29 @@ PATTERNS: tuple[Pattern, ...] = (
         r"(?i:aws_?secret_?access_?key|aws_?secret_?key|secret_?access_?key)" + _QUOTE + r"\s{0,8}+"
         r"[:=]\s{0,8}+" + _QUOTE + r"(?P<secret>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
         "40 characters assigned to `aws_secret_access_key` (any case, `=` or `:`)",
+        needles=("secret",),
+        folded=True,
     ),
     _p(
         "github_token",
-        _TOKEN_RUN
-        + r"(?:(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}+|github_pat_[A-Za-z0-9_]{22,}+)"
+        r"(?:gh[pousr]_"
+        + _run_starts_before(4)
+        + r"[A-Za-z0-9]{30,}+|github_pat_"
+        + _run_starts_before(11)
+        + r"[A-Za-z0-9_]{22,}+)"
         + _END,
         "`ghp_…`, `gho_…`, `ghs_…`, `ghu_…`, `ghr_…`, `github_pat_…`",
         needles=("ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_"),
     ),
     _p(
         "slack_token",
-        _TOKEN_RUN + r"xox[a-z]-[A-Za-z0-9-]{10,}+",
+        r"xox" + _run_starts_before(3) + r"[a-z]-[A-Za-z0-9-]{10,}+",
         "`xoxb-…`, `xoxp-…`, `xoxa-…` and the other `xox?-` tokens",
         needles=("xox",),
     ),
     _p(
         "google_api_key",
-        _TOKEN_RUN + r"AIza[A-Za-z0-9_-]{35}" + _END,
+        r"AIza" + _run_starts_before(4) + r"[A-Za-z0-9_-]{35}" + _END,
         "`AIza…` (39 characters)",
         needles=("AIza",),
     ),
@@ -231,10 +245,14 @@ PATTERNS: tuple[Pattern, ...] = (
         "the credentials of an `Authorization:` (or `Proxy-Authorization:`) header with a "
         "`Bearer`, `Basic`, `Token`, `Digest` or `ApiKey` scheme; the scheme stays",
         accept=_authorization,
+        needles=("authorization",),
+        folded=True,
     ),
     _p(
         "jwt",
-        _TOKEN_RUN + r"eyJ[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+",
+        r"eyJ"
+        + _run_starts_before(3)
+        + r"[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+",
         "a JSON Web Token (`eyJ….eyJ….…`)",
         needles=("eyJ",),
     ),
@@ -258,13 +276,17 @@ PATTERNS: tuple[Pattern, ...] = (
         "`secret_key`, `private_key`, `secret`, `token`, `password`, `passwd`, `pwd` or "
         "`credentials`",
         accept=_assignment,
+        needles=("key", "secret", "token", "pass", "pwd", "credential"),
+        folded=True,
     ),
 )
 
 
 def _run(pattern: Pattern, text: str, counts: Counter[str]) -> str:
-    if pattern.needles and not any(n in text for n in pattern.needles):
-        return text
+    if pattern.needles:
+        haystack = text.lower() if pattern.folded else text
+        if not any(n in haystack for n in pattern.needles):
+            return text
 
     def replace(match: re.Match[str]) -> str:
         if pattern.accept is not None and not pattern.accept(match):
