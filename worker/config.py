@@ -238,11 +238,14 @@ class BrokerConfig(_Strict):
 class TranscriptRetention(_Strict):
     """``[transcripts]``: the store (``url``; none: files under ``compaction.transcript_dir``)
     and retention beyond ``max_persisted_transcripts``. ``url`` may carry a password; it is
-    masked whenever shown."""
+    masked whenever shown. ``redact``: secrets redacted from what is stored (as from what is
+    summarized)."""
 
     url: SecretStr | None = None
     max_age_days: float | None = Field(default=None, gt=0)
     max_total_bytes: int | None = Field(default=None, ge=0)
+    # Transcripts keep the verbatim history unless this asks to redact secrets from them too.
+    redact: bool = False
 
     _none_ok = field_validator("url", "max_age_days", "max_total_bytes", mode="before")(_none_word)
 

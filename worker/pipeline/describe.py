@@ -3,10 +3,12 @@ tokens after) and the transcript written beside it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from worker.core import provenance
 from worker.core.projection import CompressionCache, count_request_tokens, project
+from worker.core.redaction import redact_json
 from worker.pipeline.context import SnapshotContext
 from worker.pipeline.evaluation import Evaluation
 from worker.pipeline.preparation import PreparedCompaction
@@ -34,7 +36,9 @@ def build_compaction(
     ranged = [m for m in parsed.messages if plan.start <= m.source_index < plan.end]
     where = provenance.wire_locations(ranged, parsed.source_ids)
     sections = provenance.published_sections(summary.text, summary.sections, where)
-    summary = summary.model_copy(update={"sections": sections})
+    summary = summary.model_copy(
+        update={"sections": sections, "redactions": dict(sorted(prepared.redactions.items()))}
+    )
     with_ids = any("id" in raw for raw in snap.messages)
     replacement = formats.render(snap.format, plan.carried, with_ids=with_ids, source=snap.messages)
     replacement.append(
@@ -89,16 +93,25 @@ def history_tokens(raw_messages: list[dict[str, Any]], context: SnapshotContext)
     return count_request_tokens(projection.messages, context.tokenizer)
 
 
-def transcript_payload(parsed: ParsedSnapshot, compaction: Compaction, event_id: str) -> bytes:
-    """The full pre-compaction history, deterministic so a redelivered write is identical."""
+def transcript_payload(
+    parsed: ParsedSnapshot, compaction: Compaction, event_id: str, *, redact: bool = False
+) -> bytes:
+    """The full pre-compaction history, deterministic so a redelivered write is identical.
+    ``redact`` (``[transcripts] redact``): every string of its system prompt and messages
+    redacted as a summarizer's input is, and ``redactions`` counting what was, by kind."""
     snap = parsed.snapshot
+    system: Any = snap.system
+    messages: Any = snap.messages
+    counts: Counter[str] = Counter()
+    if redact:
+        system, messages = redact_json(system, counts), redact_json(messages, counts)
     doc = {
         "conversation_id": snap.conversation_id,
         "revision": snap.revision,
         "format": snap.format,
         "model": snap.model.model_dump(),
-        "system": snap.system,
-        "messages": snap.messages,
+        "system": system,
+        "messages": messages,
         "compacted": {
             "event_id": event_id,
             "start": compaction.start,
@@ -107,4 +120,6 @@ def transcript_payload(parsed: ParsedSnapshot, compaction: Compaction, event_id:
             "last_id": compaction.last_id,
         },
     }
+    if redact:
+        doc["redactions"] = dict(sorted(counts.items()))
     return canonical_json(doc).encode("utf-8")

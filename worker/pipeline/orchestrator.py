@@ -261,7 +261,12 @@ class Pipeline:
                     parsed.conversation_id,
                     parsed.revision,
                     prepared.event_id,
-                    transcript_payload(parsed, compaction, prepared.event_id),
+                    transcript_payload(
+                        parsed,
+                        compaction,
+                        prepared.event_id,
+                        redact=self.settings.transcripts.redact,
+                    ),
                 )
                 stage.set({"compactor.transcript.bytes": ref.bytes})
         except CompactorError as exc:

@@ -3,6 +3,7 @@ verbatim, and the summary request for it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from worker.core.facts import extract_facts
@@ -14,6 +15,7 @@ from worker.core.planning import (
     resolve_tool_policies,
 )
 from worker.core.projection import count_message_tokens, count_request_tokens
+from worker.core.redaction import redact, redact_messages
 from worker.pipeline.context import SnapshotContext
 from worker.pipeline.evaluation import Evaluation
 from worker.summarize import SummaryRequest
@@ -28,8 +30,9 @@ MUST_KEEP_LIMIT = 60
 class PreparedCompaction:
     plan: RangePlan
     policies: ToolPolicies
-    request: SummaryRequest
+    request: SummaryRequest  # its messages and earlier summary redacted
     event_id: str
+    redactions: dict[str, int]  # what was redacted from the request, by kind
 
 
 def prepare(
@@ -63,13 +66,19 @@ def prepare(
         plan.end,
         *requested,
     )
+    # Secrets never reach a summarizer: what it is given (and what the must-keep facts, the
+    # fidelity check and its repair are drawn from) is the redacted range.
+    messages, redactions = redact_messages(plan.to_summarize)
+    previous = redact(plan.previous_summary) if plan.previous_summary else None
+    if previous is not None:
+        redactions = dict(Counter(redactions) + Counter(previous.counts))
     request = SummaryRequest(
         conversation_id=context.conversation_id,
         revision=context.revision,
-        messages=plan.to_summarize,
-        previous_summary=plan.previous_summary,
+        messages=messages,
+        previous_summary=previous.text if previous is not None else None,
         previous_summary_ids=plan.summary_ids,
-        must_keep=_must_keep(plan.to_summarize),
+        must_keep=_must_keep(messages),
         max_input_chars=config.summary_max_input_chars,
         max_output_tokens=config.summary_max_output_tokens,
         source_tokens=sum(count(m) for m in plan.to_summarize)
@@ -77,7 +86,9 @@ def prepare(
         model=context.snapshot.model.name or None,
         instructions=instructions,
     )
-    return PreparedCompaction(plan=plan, policies=policies, request=request, event_id=event_id)
+    return PreparedCompaction(
+        plan=plan, policies=policies, request=request, event_id=event_id, redactions=redactions
+    )
 
 
 def _carry_budget(context: SnapshotContext, evaluation: Evaluation, plan: RangePlan) -> int:

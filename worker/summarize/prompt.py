@@ -60,6 +60,11 @@ about it.
 - Artifacts and files touched: list every file path mentioned, with what happened to it.
 - Errors and outcomes: each error with how it was resolved, or that it is still open.
 - Delegated work: each sub-task handed to another agent or tool, and its result.
+- Write the summary in the language the conversation is written in (the user's language), \
+even though these instructions are in English; quote its words as written, never translated or \
+transliterated.
+- `[redacted: KIND]` stands for a secret removed from the conversation: keep the placeholder as \
+it is; never guess or reconstruct the value.
 - Keep the summary under {budget} tokens."""
 
 _TASK_SINGLE = "Summarize the conversation in <conversation>."

@@ -109,6 +109,9 @@ class Summary(_Published):
     chunks: int = 1
     fidelity: Fidelity | None = None  # None only in events of versions before it existed
     sections: list[SummarySection] = Field(default_factory=list)  # [] in older events
+    # What was redacted from the range before it was summarized: a count per kind, never the
+    # content ({} when nothing was; older events lack it).
+    redactions: dict[str, int] = Field(default_factory=dict)
 
 
 DroppedKind = Literal[

@@ -1,0 +1,164 @@
+"""Secrets of well-known shapes redacted (worker.core.redaction): each kind found, replaced by
+its placeholder and counted; ordinary code left alone; linear cost on adversarial input."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from redaction_samples import ORDINARY, PLANTED, Planted
+
+from worker.core.redaction import PATTERNS, placeholder, redact, redact_json, redact_messages
+from worker.wire.models import Message, ToolCall
+
+
+@pytest.mark.parametrize("planted", PLANTED, ids=lambda p: p.kind)
+def test_each_kind_is_replaced_by_its_placeholder_and_counted(planted: Planted) -> None:
+    out = redact(planted.text)
+    assert planted.secret not in out.text
+    assert placeholder(planted.kind) in out.text
+    assert planted.kept in out.text  # only the secret goes, not what names it
+    assert out.counts == {planted.kind: 1}
+
+
+@pytest.mark.parametrize("planted", PLANTED, ids=lambda p: p.kind)
+def test_each_kind_is_found_in_json_inside_a_json_string(planted: Planted) -> None:
+    """Tool-call arguments are JSON text: quotes and line breaks arrive escaped, and the
+    arguments must stay valid JSON once the secret is gone."""
+    arguments = json.dumps({"command": f"cat <<EOF\n{planted.text}\nEOF"})
+    out = redact(arguments)
+    assert out.counts == {planted.kind: 1}
+    command = json.loads(out.text)["command"]
+    assert not any(line in command for line in planted.secret.splitlines())
+    assert planted.kept in command
+
+
+def test_every_pattern_has_a_planted_sample() -> None:
+    assert {p.kind for p in PATTERNS} == {p.kind for p in PLANTED}
+
+
+@pytest.mark.parametrize("text", ORDINARY)
+def test_ordinary_code_is_not_redacted(text: str) -> None:
+    out = redact(text)
+    assert out.text == text
+    assert out.counts == {}
+
+
+def test_a_redacted_text_is_redacted_again_to_itself() -> None:
+    text = "\n".join(p.text for p in PLANTED)
+    once = redact(text)
+    assert once.counts == dict(Counter(p.kind for p in PLANTED))
+    twice = redact(once.text)
+    assert twice.text == once.text and twice.counts == {}
+
+
+def test_a_pem_key_cut_off_before_its_end_line_is_still_redacted() -> None:
+    pem = next(p for p in PLANTED if p.kind == "private_key")
+    cut = pem.text.split("-----END")[0]
+    out = redact(cut)
+    assert "MIIEowIBAAKCAQEA" not in out.text and out.counts == {"private_key": 1}
+
+
+def test_a_pem_key_inside_json_with_escaped_newlines_is_redacted_whole() -> None:
+    pem = next(p for p in PLANTED if p.kind == "private_key")
+    arguments = json.dumps({"path": "id_rsa", "content": pem.text})
+    out = redact(arguments)
+    for line in pem.secret.splitlines():
+        assert line not in out.text
+    assert json.loads(out.text)["path"] == "id_rsa"  # still JSON: the placeholder has no quotes
+
+
+def test_messages_are_redacted_in_text_reasoning_and_tool_arguments() -> None:
+    openai, jwt = (next(p for p in PLANTED if p.kind == k) for k in ("openai_api_key", "jwt"))
+    call = ToolCall(id="c1", name="bash", arguments=json.dumps({"command": openai.text}))
+    messages = [
+        Message(id="m0", role="user", content="plain request", source_index=0),
+        Message(id="m1", role="assistant", reasoning=jwt.text, tool_calls=(call,), source_index=1),
+        Message(id="m2", role="tool", content=jwt.text, tool_call_id="c1", source_index=2),
+    ]
+    out, counts = redact_messages(messages)
+    assert out[0] is messages[0]  # untouched messages are the same objects
+    assert counts == {"openai_api_key": 1, "jwt": 2}
+    dumped = json.dumps([m.model_dump() for m in out])
+    assert openai.secret not in dumped and jwt.secret not in dumped
+    assert [m.id for m in out] == ["m0", "m1", "m2"] and out[1].tool_calls[0].id == "c1"
+
+
+def test_json_documents_are_redacted_string_by_string() -> None:
+    github = next(p for p in PLANTED if p.kind == "github_token")
+    doc = {"messages": [{"role": "tool", "content": [{"type": "text", "text": github.text}]}]}
+    counts: Counter[str] = Counter()
+    out = redact_json(doc, counts)
+    assert github.secret not in json.dumps(out)
+    assert counts == {"github_token": 1}
+    assert out["messages"][0]["role"] == "tool"
+
+
+# --- bounded cost -----------------------------------------------------------------------------
+
+_MB = 1 << 20
+# Inputs each pattern's start matches over and over, with nothing (or little) to redact.
+ADVERSARIAL = {
+    "one long run": "a" * _MB,
+    "sk- prefixes": "sk-" * (_MB // 3),
+    "PEM headers": "-----BEGIN RSA PRIVATE KEY-----" * (_MB // 31),
+    "PEM body without an end": "-----BEGIN PRIVATE KEY-----" + "A" * _MB,
+    "jwt heads": "eyJ" * (_MB // 3),
+    "jwt dots": "eyJabcdefghij." * (_MB // 14),
+    "url schemes": "a://b:" * (_MB // 6),
+    "url without @": "http://user:" + "p" * _MB,
+    "assignments": "token=" * (_MB // 6),
+    "assignment chain": "api_key:a" * (_MB // 9),
+    "authorization": "Authorization: Bearer " * (_MB // 22),
+    "aws secret context": "aws_secret_access_key=" * (_MB // 22),
+    "dashes": "-" * _MB,
+    "spaces then colon": " " * _MB + ":",
+}
+
+
+def _seconds(text: str) -> float:
+    start = time.process_time()
+    redact(text)
+    return time.process_time() - start
+
+
+def test_adversarial_megabytes_cost_about_what_a_plain_megabyte_costs() -> None:
+    """A pattern that backtracked (or rescanned a run from each of its characters) would take
+    minutes on these; a linear one stays within a small multiple of ordinary text, in which
+    every pattern runs (each pattern's literal appears once)."""
+    words = "the parser reads src/app.py line 42 and returns 17 items; "
+    needles = " sk- PRIVATE KEY AKIA ghp_ xoxb- AIza eyJ _live_ :// "
+    plain = (needles + words * (_MB // len(words)))[:_MB]
+    baseline = max(min(_seconds(plain) for _ in range(3)), 0.01)
+    for name, text in ADVERSARIAL.items():
+        took = _seconds(text)
+        assert took < baseline * 40, f"{name}: {took:.3f}s against {baseline:.3f}s for plain text"
+
+
+def test_the_documented_table_lists_every_kind_in_the_order_they_run() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "summaries.md").read_text()
+    section = doc.split("## Secrets are redacted before summarizing", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [p.kind for p in PATTERNS]
+
+
+def test_real_coding_sessions_are_left_almost_untouched() -> None:
+    """False positives over the corpus (100 real SWE-bench sessions with no real credentials):
+    grep and cat output, diffs, hashes, tracebacks, URL-parsing tests with ``user:pass@``. The
+    only finds are a test's ``Proxy-Authorization: Basic`` value (base64 of ``user:pass``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from corpus import conversations, corpus_dir
+
+    if corpus_dir() is None:
+        pytest.skip("corpus absent: set COMPACTOR_CORPUS_DIR or place it at ../shared/corpus")
+    counts: Counter[str] = Counter()
+    sessions = 0
+    for _name, snap in conversations():
+        redact_json(snap["messages"], counts)
+        sessions += 1
+    assert sessions == 100
+    assert sum(counts.values()) <= 5, counts
