@@ -23,6 +23,7 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:memo`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:last`` | list (event JSON, newest 8) | publish (completed) | ``stream_ttl_s`` |
 | ``cw:{conv}:composed`` | string (JSON, wire.composed) | publish (completed) | ``stream_ttl_s`` |
+| ``cw:{conv}:proposal`` | string (JSON) | publish (proposed), approve, decline | ``stream_ttl_s`` |
 | ``cw:{conv}:events`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
 | ``cw:{conv}:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:{conv}:announce`` | pub/sub channel | publish | none (not stored) |
@@ -84,6 +85,7 @@ __all__ = [
     "latest",
     "lock",
     "memo",
+    "proposal",
     "proxy_revision",
     "published",
     "queued",
@@ -146,6 +148,12 @@ def composed(conversation_id: str) -> str:
     snapshot or proxied request that holds the full history needs, however many compactions
     there were. Its size is bounded by one compaction's replacement, never by the history."""
     return _conversation_key(conversation_id, "composed")
+
+
+def proposal(conversation_id: str) -> str:
+    """The compaction held for review (``compaction.proposed``), if any: at most one per
+    conversation; while it waits, no other compaction of the conversation is made."""
+    return _conversation_key(conversation_id, "proposal")
 
 
 def events(conversation_id: str) -> str:

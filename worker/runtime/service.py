@@ -29,8 +29,15 @@ from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost
 from worker.pipeline import Pipeline, StoredBlob
 from worker.transcripts import prune_by_settings
-from worker.wire.composed import compose
-from worker.wire.events import CompactionEvent, CompletedEvent, FailedEvent, rejected_event
+from worker.wire.composed import ComposedCompaction, HeldProposal, compose
+from worker.wire.events import (
+    CompactionEvent,
+    CompletedEvent,
+    FailedEvent,
+    proposed_event,
+    rejected_event,
+    skipped_event,
+)
 from worker.wire.snapshots import ParsedSnapshot
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,7 @@ Outcome = Literal[
     "queued",
     "deferred",
     "completed",
+    "proposed",
     "failed",
     "duplicate",
     "lease_lost",
@@ -225,6 +233,17 @@ class Service:
         if verdict.skipped is not None:  # an earlier compaction already brought it under
             self.state.publish(verdict.skipped, fencing_token=token, handled_revision=latest)
             return "skipped"
+        if work.held:  # one held compaction at a time: its approval changes what comes next
+            held = skipped_event(
+                conversation_id,
+                parsed.revision,
+                self.pipeline.adapters.now(),
+                why="held",
+                reason="a compaction of this conversation awaits review (compaction.proposed)",
+                trigger=verdict.evaluation.trigger(),
+            )
+            self.state.publish(held, fencing_token=token, handled_revision=latest)
+            return "skipped"
         started = time.monotonic()
         event = self.pipeline.compact(
             context,
@@ -237,14 +256,19 @@ class Service:
         if lease_lost():
             raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
         failed = event.type == "compaction.failed"
+        composed = (
+            compose(work.composed, parsed.snapshot.messages, event)
+            if isinstance(event, CompletedEvent)
+            else None
+        )
+        if isinstance(event, CompletedEvent) and context.config.reviews(conversation_id):
+            return self._propose(event, composed, work, token, counters)
         status = self.state.publish(
             event,
             fencing_token=token,
             handled_revision=None if failed else latest,
             counters=counters,  # counted in the same step, and only if really published
-            composed=compose(work.composed, parsed.snapshot.messages, event)
-            if isinstance(event, CompletedEvent)
-            else None,
+            composed=composed,
         )
         if failed:  # reported; not retried by the reconciler (a new submission retries it)
             self.state.settle_pending(conversation_id, latest)
@@ -255,6 +279,33 @@ class Service:
             if event.type == "compaction.completed"
             else ("failed" if event.type == "compaction.failed" else "skipped")
         )
+
+    def _propose(
+        self,
+        completed: CompletedEvent,
+        composed: ComposedCompaction | None,
+        work: Work,
+        token: str,
+        counters: dict[str, float],
+    ) -> Outcome:
+        """Hold the compaction for review: publish it as ``compaction.proposed``, stored with
+        what its approval publishes; it settles the revision like the completed event would."""
+        proposal = proposed_event(completed)
+        held = HeldProposal(
+            event=proposal,
+            composed=composed,
+            base=work.composed.event_id if work.composed is not None else None,
+        )
+        del counters["compactions_completed_total"]
+        counters["compactions_proposed_total"] = 1.0
+        status = self.state.publish(
+            proposal,
+            fencing_token=token,
+            handled_revision=work.latest,
+            counters=counters,
+            proposal=held,
+        )
+        return "duplicate" if status == "duplicate" else "proposed"
 
     # --- housekeeping ------------------------------------------------------------------------
 
