@@ -314,6 +314,10 @@ class WebhooksConfig(_Strict):
     backoff_max_s: float = Field(default=60.0, ge=0)
     timeout_s: float = Field(default=10.0, gt=0)
     max_concurrency: int = Field(default=100, ge=1)
+    # Review hooks (webhooks subscribed to compaction.proposed by name): how long one has to
+    # answer, and what is decided when none answers in time (or with a bad signature).
+    review_deadline_s: float = Field(default=10.0, gt=0, le=300)
+    review_default: Literal["approve", "reject"] = "reject"
 
 
 class Settings(_Strict):

@@ -217,6 +217,13 @@ def openapi() -> dict[str, Any]:
                         "url": {"type": "string", "maxLength": 2048},
                         "conversation_id": {"type": "string"},
                         "types": {"type": "array", "items": {"type": "string"}},
+                        "review_default": {
+                            "type": "string",
+                            "enum": ["approve", "reject"],
+                            "description": "A review hook's (types naming compaction.proposed) "
+                            "decision when it does not answer in time: [webhooks] "
+                            "review_default unless set.",
+                        },
                     },
                 },
                 "Webhook": {
@@ -228,6 +235,7 @@ def openapi() -> dict[str, Any]:
                         "url": {"type": "string"},
                         "conversation_id": {"type": ["string", "null"]},
                         "types": {"type": ["array", "null"], "items": {"type": "string"}},
+                        "review_default": {"type": ["string", "null"]},
                         "secret": {"type": "string"},
                         "created_at": {"type": "integer"},
                     },
