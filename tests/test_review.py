@@ -7,6 +7,7 @@ next snapshot propose again."""
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -212,6 +213,15 @@ def test_client_approves_and_rejects(stack: Stack) -> None:
     outcome = client.wait_for("acme:h-client", timeout_s=5)  # the proposal was the outcome
     assert outcome.type == "compaction.proposed"
 
+    # the proposed summary sent back unchanged (as a form that shows it does) is no edit
+    submit(stack, conversation("h-client-same", 12))
+    proposed = proposal_of(stack, "h-client-same")
+    text = proposed["compaction"]["summary"]["text"]
+    same = client.approve("acme:h-client-same", proposed["event_id"], summary=f"{text}\n")
+    assert not same.compaction.summary.edited
+    unchanged = same.compaction.model_dump(mode="json", exclude={"transcript"})
+    assert unchanged == {k: v for k, v in proposed["compaction"].items() if k != "transcript"}
+
 
 def test_a_session_applies_a_held_compaction_only_once_approved(stack: Stack) -> None:
     history = conversation("unused", 12)["messages"]
@@ -249,11 +259,20 @@ def test_the_inspector_forms_approve_and_reject(stack: Stack) -> None:
         page = browser.get("/ui/conversations/h-ui").text
         base = f"/ui/conversations/h-ui/proposals/{second['event_id']}"
         assert f'action="{base}/approve"' in page
-        r = browser.post(f"{base}/approve", data={"csrf": csrf_of(page)})
+        # its own page shows what it would replace and its summary, editable
+        review = browser.get(f"/ui/conversations/h-ui/compactions/{second['event_id']}")
+        assert review.status_code == 200 and 'name="summary"' in review.text
+        assert html.escape(second["compaction"]["summary"]["text"].splitlines()[0]) in review.text
+        edit = "Edited in the inspector: the modules were read."
+        r = browser.post(f"{base}/approve", data={"csrf": csrf_of(review.text), "summary": edit})
         assert r.status_code == 303, r.text
+        assert r.headers["location"].endswith("?done=approved")
         assert "Held for review" not in browser.get("/ui/conversations/h-ui").text
-    kinds = [e["type"] for e in events_of(stack, "h-ui")]
+    events = events_of(stack, "h-ui")
+    kinds = [e["type"] for e in events]
     assert kinds.count("compaction.declined") == 1 and kinds[-1] == "compaction.completed"
+    summary = events[-1]["compaction"]["summary"]
+    assert summary["edited"] and edit in summary["text"]
 
 
 def test_an_older_reader_reads_a_proposal_as_another_event(stack: Stack) -> None:

@@ -38,7 +38,7 @@ from worker.backend.redis_state import (
 from worker.config import CompactionConfig, Settings, load_settings
 from worker.core.projection import CompressionCache, ProjectionPolicy
 from worker.core.projection import project as project_messages
-from worker.core.review import edited_summary
+from worker.core.review import edit_of, edited_summary
 from worker.errors import (
     BrokerUnavailable,
     CompactorError,
@@ -297,15 +297,17 @@ class Client:
     ) -> CompletedEvent:
         """Approve the compaction ``conversation_id`` holds for review (``compaction.proposed``
         ``event_id``): publish it as ``compaction.completed``, returned. ``summary``: an edited
-        summary in place of the proposed one, bounded by ``summary_max_output_tokens`` and
-        checked against the range's must-keep facts (missing ones repaired; the event says
-        ``summary.edited`` and the fidelity after the edit). Raises :class:`EventMismatch` when
+        summary in place of the proposed one (the proposed text unchanged is no edit), bounded
+        by ``summary_max_output_tokens`` and checked against the range's must-keep facts
+        (missing ones repaired; the event says ``summary.edited`` and the fidelity after the
+        edit). Raises :class:`EventMismatch` when
         no such compaction is held or it no longer applies (a restore since), ``InvalidInput``
         for an empty or too long edit."""
         held = self._held(conversation_id, event_id)
         edited = None
-        if summary is not None:
-            edited = checked_edit(held, summary, self.store, self.settings.compaction)
+        text = edit_of(held.event.compaction, summary)
+        if text is not None:
+            edited = checked_edit(held, text, self.store, self.settings.compaction)
         status, event, _stream_id = self.state.approve(
             held, datetime.now(UTC), by="api", summary=edited
         )

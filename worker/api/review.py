@@ -20,6 +20,7 @@ from worker.api.common import ApiError
 from worker.backend.redis_state import RedisState
 from worker.client import checked_edit
 from worker.config import Settings
+from worker.core.review import edit_of
 from worker.errors import EventMismatch, InvalidInput
 from worker.transcripts import TranscriptStore
 from worker.wire.composed import HeldProposal
@@ -60,7 +61,8 @@ class Reviewer:
         """Publish the held compaction as ``compaction.completed``, with ``summary_text`` as
         its summary if given (checked: 422 when empty or over the bound)."""
         held = await self.held(internal, event_id)
-        summary = None if summary_text is None else await self._edited(held, summary_text)
+        text = edit_of(held.event.compaction, summary_text)
+        summary = None if text is None else await self._edited(held, text)
         now = datetime.now(UTC)
         status, event, stream_id = await anyio.to_thread.run_sync(
             lambda: self.state.approve(held, now, by=by, summary=summary)

@@ -63,6 +63,14 @@ def edited_summary(
     return checked.model_copy(update={"sections": sections})
 
 
+def edit_of(compaction: Compaction, text: str | None) -> str | None:
+    """The reviewer's edit, or None when there is none: no text, or the proposed summary as
+    it was (a form that shows the summary sends it back unchanged)."""
+    if text is None or text.strip() == compaction.summary.text.strip():
+        return None
+    return text
+
+
 def range_messages(
     compaction: Compaction, transcript: Mapping[str, Any]
 ) -> tuple[list[Message], list[Message], dict[str, tuple[int, str]]]:
