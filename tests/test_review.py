@@ -16,6 +16,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 from http_support import KEY_A, KEY_B, Stack
 from inspector_support import csrf_of, sign_in, submit, wait_for_type
@@ -26,19 +27,31 @@ from worker.backend import keys
 from worker.client import apply_compaction
 from worker.errors import EventMismatch, InvalidInput
 from worker.session import CompactingSession
+from worker.testing.standin_llm import StandinLLM
 from worker.wire.events import SUMMARY_MARKER, CompletedEvent, DeclinedEvent
 
 pytestmark = pytest.mark.slow
 
 # The commit before review before apply: its events module is an older reader.
 OLDER_VERSION = "502a95b"
+AGENT_KEY = "sk-agent-own-key-0123456789"
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    extra = """auto_compact_threshold_tokens = 4000
+def llm() -> Iterator[StandinLLM]:
+    with StandinLLM(expected_key=AGENT_KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack(
+    redis_server: str, llm: StandinLLM, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    extra = f"""auto_compact_threshold_tokens = 4000
 auto_compact_threshold_percent = "none"
 review_tenants = ["acme"]
+[proxy]
+openai_base_url = "{llm.openai_base_url}"
 """
     s = Stack(tmp_path_factory.mktemp("review"), redis_server, extra=extra)
     try:
@@ -241,6 +254,34 @@ def test_a_session_applies_a_held_compaction_only_once_approved(stack: Stack) ->
         assert session.messages == apply_compaction(history, r.json())
     finally:
         session.close()
+
+
+def test_the_proxy_forwards_the_whole_history_until_approved(stack: Stack, llm: StandinLLM) -> None:
+    client = openai.OpenAI(
+        base_url=f"{stack.base}/proxy/openai/v1",
+        api_key=AGENT_KEY,
+        max_retries=0,
+        default_headers={"X-Compactor-Conversation": "h-proxy", "X-Compactor-Key": KEY_A},
+    )
+    with client:
+        history = conversation("x", 12)["messages"][:-1]
+        for m in history:
+            m.pop("id")
+        first = client.chat.completions.create(model="gpt-4.1", messages=history)
+        history.append({"role": "assistant", "content": first.choices[0].message.content})
+        proposed = proposal_of(stack, "h-proxy")
+        history.append({"role": "user", "content": "Now run the tests."})
+        held = client.chat.completions.with_raw_response.create(model="gpt-4.1", messages=history)
+        assert llm.requests[-1].body["messages"] == history  # held: nothing applied
+        assert held.headers["x-compactor-compactions"] == "0"
+
+        r = post(stack, "h-proxy", proposed["event_id"], "approve")
+        assert r.status_code == 200, r.text
+        history.append({"role": "assistant", "content": "ok"})
+        history.append({"role": "user", "content": "And commit."})
+        reply = client.chat.completions.with_raw_response.create(model="gpt-4.1", messages=history)
+        assert len(llm.requests[-1].body["messages"]) < len(history)  # compacted now
+        assert reply.headers["x-compactor-compactions"] == "1"
 
 
 def test_the_inspector_forms_approve_and_reject(stack: Stack) -> None:
