@@ -219,3 +219,18 @@ def test_answers_are_read_strictly_and_a_veto_wins() -> None:
     edit = Answer("approve", "webhook", summary="s")
     assert decided([Answer("approve", "default"), edit, veto]) == veto
     assert decided([Answer("approve", "webhook"), edit]) == edit
+
+
+def test_a_review_default_is_approve_or_reject(
+    stack: Stack, receivers: list[ReviewReceiver]
+) -> None:
+    receiver = ReviewReceiver(lambda _event, _secret: (204, None, None))
+    receivers.append(receiver)
+    with stack.http() as client:
+        r = client.post("/v1/webhooks", json={"url": receiver.url, "review_default": "maybe"})
+        assert r.status_code == 422 and "review_default" in r.json()["message"], r.text
+        r = client.post("/v1/webhooks", json={"url": receiver.url, "review_default": "approve"})
+        assert r.status_code == 201, r.text
+        listed = {h["id"]: h for h in client.get("/v1/webhooks").json()}
+        assert listed[r.json()["id"]]["review_default"] == "approve"
+        assert client.delete(f"/v1/webhooks/{r.json()['id']}").status_code == 204
