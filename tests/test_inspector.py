@@ -221,14 +221,19 @@ def test_another_tenants_conversation_is_not_reachable(
         assert "compaction.reverted" not in kinds
 
 
-def test_review_decisions_are_an_extension_point(stack: Stack, compacted: dict[str, Any]) -> None:
+def test_deciding_a_compaction_that_is_not_held(stack: Stack, compacted: dict[str, Any]) -> None:
+    """Nothing is held here (tests/test_review.py holds and decides them): a decision on a
+    proposal the conversation never made is a 404 page, and publishes nothing."""
     with sign_in(stack, KEY_A) as client:
         token = csrf_of(client.get("/ui/conversations/c-1").text)
         for decision in ("approve", "reject"):
             r = client.post(
                 f"/ui/conversations/c-1/proposals/{'0' * 32}/{decision}", data={"csrf": token}
             )
-            assert r.status_code == 501 and "not available in this version" in r.text
+            assert r.status_code == 404 and "held for review" in r.text
+    with stack.http() as client:
+        kinds = {e["type"] for e in client.get("/v1/conversations/c-1/events").json()}
+        assert not kinds & {"compaction.declined", "compaction.proposed"}
 
 
 def _show(

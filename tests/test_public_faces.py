@@ -132,7 +132,7 @@ OLD_NAMES: dict[str, dict[str, str]] = {
 # the session's tunables. A name may leave this list (the module no longer has it); a new one
 # joins it only deliberately.
 INTERNAL: dict[str, set[str]] = {
-    "worker.client": {"log"},
+    "worker.client": {"log", "checked_edit"},  # checked_edit: shared with worker.api.review
     "worker.session": {
         "log",
         "STATE_VERSION",

@@ -147,8 +147,15 @@ def test_events_the_cli_prints_validate(run_cli: CliRunner) -> None:
     ):
         _assert_valid_event(event)
         seen.add(event["type"])
-    # (compaction.reverted: only a restore publishes it; tests/test_inspector.py validates it)
-    assert seen == set(EVENT_TYPES) - {"compaction.rejected", "compaction.reverted"}
+    # (compaction.reverted: only a restore publishes it; tests/test_inspector.py validates it;
+    # compaction.proposed and .declined: only the service holding compactions for review
+    # publishes them, and tests/test_review.py validates them)
+    assert seen == set(EVENT_TYPES) - {
+        "compaction.rejected",
+        "compaction.reverted",
+        "compaction.proposed",
+        "compaction.declined",
+    }
 
 
 def test_a_rejected_event_validates() -> None:

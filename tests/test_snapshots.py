@@ -343,12 +343,24 @@ def test_allowed_overrides_apply() -> None:
         ("max_snapshot_bytes", 10**12),
         ("max_messages", 10**9),
         ("max_persisted_transcripts", None),
+        ("review_tenants", []),
     ],
 )
 def test_operator_only_overrides_rejected(key: str, value: Any) -> None:
     error = rejected(snapshot(config={key: value}))
     assert error.field == f"config.{key}"
     assert "operator" in error.reason
+
+
+def test_a_snapshot_may_turn_review_on_but_not_off() -> None:
+    held = parse_snapshot(snapshot(config={"review": True}), DEFAULT)
+    assert held.settings.compaction.reviews("c-1")
+    operator = DEFAULT.model_copy(
+        update={"compaction": DEFAULT.compaction.model_copy(update={"review": True})}
+    )
+    error = rejected(snapshot(config={"review": False}), operator)
+    assert error.field == "config.review" and "not off" in error.reason
+    assert parse_snapshot(snapshot(config={"review": True}), operator).settings.compaction.review
 
 
 @pytest.mark.parametrize("key", ["summary_max_output_tokens", "summary_max_input_chars"])

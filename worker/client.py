@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from worker.backend.redis_state import (
 from worker.config import CompactionConfig, Settings, load_settings
 from worker.core.projection import CompressionCache, ProjectionPolicy
 from worker.core.projection import project as project_messages
+from worker.core.review import edit_of, edited_summary
 from worker.errors import (
     BrokerUnavailable,
     CompactorError,
@@ -61,7 +63,15 @@ from worker.ops.telemetry import telemetry
 from worker.ops.tracing import AttributeValue
 from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, open_store
 from worker.wire import formats
-from worker.wire.events import OUTCOME_TYPES, CompactionEvent, CompletedEvent, parse_event
+from worker.wire.composed import HeldProposal
+from worker.wire.events import (
+    OUTCOME_TYPES,
+    CompactionEvent,
+    CompletedEvent,
+    DeclinedEvent,
+    Summary,
+    parse_event,
+)
 from worker.wire.history import apply_compaction
 from worker.wire.models import (
     CONVERSATION_ID_PATTERN,
@@ -326,12 +336,12 @@ class Client:
         timeout_s: float = 60.0,
         request_id: str | None = None,
     ) -> CompactionEvent:
-        """The first outcome event (``compaction.completed``, ``.skipped``, ``.failed`` or
-        ``.rejected``) after stream id ``after`` (of ``revision`` or a newer one, if given),
-        waiting for it up to ``timeout_s``; ``TimeoutError`` when none arrives in time. An
-        outcome published before the call counts: submit, then wait. ``request_id``: the
-        outcome of that compaction request (``compact_now``) only, or a rejection of the
-        snapshot it compacts."""
+        """The first outcome event (``compaction.completed``, ``.skipped``, ``.failed``,
+        ``.rejected``, or ``.proposed`` when compactions are held for review) after stream id
+        ``after`` (of ``revision`` or a newer one, if given), waiting for it up to
+        ``timeout_s``; ``TimeoutError`` when none arrives in time. An outcome published before
+        the call counts: submit, then wait. ``request_id``: the outcome of that compaction
+        request (``compact_now``) only, or a rejection of the snapshot it compacts."""
         deadline = time.monotonic() + timeout_s
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -376,6 +386,56 @@ class Client:
             raise TypeError("revision= goes with a conversation id, not with an event")
         return restore(conversation, store=self.store)
 
+    # --- review before apply -----------------------------------------------------------------
+
+    def approve(
+        self, conversation_id: str, event_id: str, *, summary: str | None = None
+    ) -> CompletedEvent:
+        """Approve the compaction ``conversation_id`` holds for review (``compaction.proposed``
+        ``event_id``): publish it as ``compaction.completed``, returned. ``summary``: an edited
+        summary in place of the proposed one (the proposed text unchanged is no edit), bounded
+        by ``summary_max_output_tokens`` and checked against the range's must-keep facts
+        (missing ones repaired; the event says ``summary.edited`` and the fidelity after the
+        edit). Raises :class:`EventMismatch` when
+        no such compaction is held or it no longer applies (a restore since), ``InvalidInput``
+        for an empty or too long edit."""
+        held = self._held(conversation_id, event_id)
+        edited = None
+        text = edit_of(held.event.compaction, summary)
+        if text is not None:
+            edited = checked_edit(held, text, self.store, self.settings.compaction)
+        status, event, _stream_id = self.state.approve(
+            held, datetime.now(UTC), by="api", summary=edited
+        )
+        if status == "changed":
+            raise EventMismatch(
+                f"compaction {event_id} no longer applies: the conversation's compactions "
+                "changed since it was proposed; reject it"
+            )
+        if event is None:
+            raise EventMismatch(f"compaction {event_id} is no longer held: it was decided")
+        return event
+
+    def reject(
+        self, conversation_id: str, event_id: str, *, reason: str | None = None
+    ) -> DeclinedEvent:
+        """Decline the compaction ``conversation_id`` holds for review: publish
+        ``compaction.declined`` (with ``reason``), returned; the next snapshot over the
+        threshold proposes again. :class:`EventMismatch` when no such compaction is held."""
+        held = self._held(conversation_id, event_id)
+        _status, event, _stream_id = self.state.decline(
+            held, datetime.now(UTC), by="api", reason=reason
+        )
+        if event is None:
+            raise EventMismatch(f"compaction {event_id} is no longer held: it was decided")
+        return event
+
+    def _held(self, conversation_id: str, event_id: str) -> HeldProposal:
+        held = self.state.held_proposal(conversation_id)
+        if held is None or held.event.event_id != event_id:
+            raise EventMismatch(f"{conversation_id} holds no compaction {event_id} for review")
+        return held
+
     @property
     def store(self) -> TranscriptStore:
         """The configured transcript store (``[transcripts] url``), opened on first use."""
@@ -400,6 +460,31 @@ def _answers(event: CompactionEvent, request_id: str) -> bool:
         return True
     trigger = getattr(event, "trigger", None)
     return trigger is not None and getattr(trigger, "request_id", None) == request_id
+
+
+def checked_edit(
+    held: HeldProposal, text: str, store: TranscriptStore, config: CompactionConfig
+) -> Summary:
+    """A reviewer's edited summary of the held compaction, bounded and checked against the
+    must-keep facts of its range, read from its transcript (sha256-checked): without the
+    transcript no edit can be checked, and :class:`EventMismatch` says so."""
+    compaction = held.event.compaction
+    ref = compaction.transcript
+    if ref is None:
+        raise EventMismatch("an edit cannot be checked: this compaction keeps no transcript")
+    try:
+        data = store.read(ref.uri)
+    except (StorageError, InvalidSnapshot):
+        raise EventMismatch("an edit cannot be checked: its transcript is unavailable") from None
+    if hashlib.sha256(data).hexdigest() != ref.sha256:
+        raise EventMismatch("an edit cannot be checked: its transcript does not match the event")
+    return edited_summary(
+        compaction,
+        text,
+        json.loads(data),
+        delegation_tools=config.delegation_tools,
+        max_output_tokens=config.summary_max_output_tokens,
+    )
 
 
 def _read_event(entry_id: str, data: dict[str, Any] | None) -> CompactionEvent | None:

@@ -88,6 +88,17 @@ class CompactionConfig(_Strict):
     file_part_tokens: int = Field(default=1500, ge=0)
     max_snapshot_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=50_000, ge=1)
+    # Review before apply: hold every compaction as ``compaction.proposed`` until it is
+    # approved (docs/events.md). A snapshot may turn it on, never off; ``review_tenants``
+    # (operator only) holds those of the named tenants' conversations.
+    review: bool = False
+    review_tenants: list[str] = Field(default_factory=list)
+
+    def reviews(self, conversation_id: str) -> bool:
+        """Whether compactions of ``conversation_id`` (an internal id, ``tenant:conv`` under
+        ``compactor serve``) are held for review."""
+        tenant, colon, _rest = conversation_id.partition(":")
+        return self.review or (bool(colon) and tenant in self.review_tenants)
 
     _none_ok = field_validator(
         "keep_recent_tool_results",
@@ -313,6 +324,10 @@ class WebhooksConfig(_Strict):
     backoff_max_s: float = Field(default=60.0, ge=0)
     timeout_s: float = Field(default=10.0, gt=0)
     max_concurrency: int = Field(default=100, ge=1)
+    # Review hooks (webhooks subscribed to compaction.proposed by name): how long one has to
+    # answer, and what is decided when none answers in time (or with a bad signature).
+    review_deadline_s: float = Field(default=10.0, gt=0, le=300)
+    review_default: Literal["approve", "reject"] = "reject"
 
 
 OTEL_SCHEMES = ("http", "https")

@@ -42,7 +42,12 @@ from worker.api.common import (
 )
 from worker.api.compact import compact_conversation
 from worker.api.compacted import compacted_route
-from worker.api.conversations import list_conversations, restore_compaction
+from worker.api.conversations import (
+    approve_compaction,
+    decline_compaction,
+    list_conversations,
+    restore_compaction,
+)
 from worker.api.inspector import ui_routes
 from worker.api.proxy import Proxy, proxy_routes
 from worker.api.spec import openapi
@@ -316,6 +321,8 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route("/v1/conversations", list_conversations, methods=["GET"]),
         Route(f"{conv}/compactions/{{event_id}}/restore", restore_compaction, methods=["POST"]),
         Route(f"{conv}/compact", compact_conversation, methods=["POST"]),
+        Route(f"{conv}/compactions/{{event_id}}/approve", approve_compaction, methods=["POST"]),
+        Route(f"{conv}/compactions/{{event_id}}/reject", decline_compaction, methods=["POST"]),
         Route("/v1/apply", apply, methods=["POST"]),
         Route("/v1/webhooks", create_webhook, methods=["POST"]),
         Route("/v1/webhooks", list_webhooks, methods=["GET"]),

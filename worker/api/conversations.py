@@ -7,8 +7,9 @@ pages (:mod:`worker.api.inspector`) and the JSON routes under them.
 - ``POST /v1/conversations/{id}/compactions/{event_id}/restore``: restore (undo) the newest
   completed compaction (:meth:`worker.backend.redis_state.RedisState.revert`).
 
-Held compactions (review before apply) are approved or rejected through :data:`REVIEW`, which
-this version leaves unimplemented (501): docs/inspector.md, "Extension point".
+- ``POST /v1/conversations/{id}/compactions/{event_id}/approve`` (optionally with an edited
+  ``summary``) and ``.../reject``: decide a compaction held for review
+  (:class:`worker.api.review.Reviewer`, held by the ``Api`` state object).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import anyio.to_thread
 from starlette.requests import Request
@@ -35,6 +36,7 @@ from worker.api.common import (
     json_body,
     known_id,
 )
+from worker.api.review import Decision
 from worker.api.state import Api, api_of
 from worker.backend import keys
 from worker.backend.redis_state import entry_event
@@ -321,55 +323,82 @@ def reason_of(doc: Any) -> str | None:
     return reason or None
 
 
-# --- review (extension point) -----------------------------------------------------------------
+# --- review before apply ----------------------------------------------------------------------
 
 
-class Review(Protocol):
-    """Approving or rejecting a held compaction (``compaction.proposed``): what the inspector's
-    approve and reject forms call. ``edited_summary``: the summary text as the reviewer edited
-    it, or None to approve it as proposed."""
-
-    async def approve(
-        self,
-        api: Api,
-        tenant: Tenant,
-        internal: str,
-        event_id: str,
-        edited_summary: str | None,
-    ) -> None: ...
-
-    async def reject(
-        self, api: Api, tenant: Tenant, internal: str, event_id: str, reason: str | None
-    ) -> None: ...
-
-
-class NoReview:
-    """This version holds no compaction for review: every decision answers 501."""
-
-    async def approve(
-        self,
-        api: Api,
-        tenant: Tenant,
-        internal: str,
-        event_id: str,
-        edited_summary: str | None,
-    ) -> None:
-        raise _no_review()
-
-    async def reject(
-        self, api: Api, tenant: Tenant, internal: str, event_id: str, reason: str | None
-    ) -> None:
-        raise _no_review()
+async def approve(
+    api: Api,
+    tenant: Tenant,
+    internal: str,
+    event_id: str,
+    summary: str | None,
+    *,
+    by: str = "api",
+) -> dict[str, Any]:
+    """Approve the conversation's held compaction ``event_id`` (with ``summary`` as its edited
+    summary, if given); the ``compaction.completed`` event as the tenant sees it. 404 when the
+    conversation never proposed it, 409 when it is held no more or no longer applies, 422 for
+    an edit that is empty or over the bound."""
+    await _proposed(api, internal, event_id)
+    decision = await _decided(api, internal, event_id, api.reviewer.approve, summary, by)
+    return tenant.event(json.loads(decision.event.to_json())) | {"stream_id": decision.stream_id}
 
 
-def _no_review() -> ApiError:
-    return ApiError.of(
-        501, "not_implemented", "review before apply is not available in this version"
-    )
+async def decline(
+    api: Api,
+    tenant: Tenant,
+    internal: str,
+    event_id: str,
+    reason: str | None,
+    *,
+    by: str = "api",
+) -> dict[str, Any]:
+    """Decline the conversation's held compaction ``event_id``; the ``compaction.declined``
+    event as the tenant sees it. 404 / 409 as :func:`approve`."""
+    await _proposed(api, internal, event_id)
+    decision = await _decided(api, internal, event_id, api.reviewer.decline, reason, by)
+    return tenant.event(json.loads(decision.event.to_json())) | {"stream_id": decision.stream_id}
 
 
-# Replaced by the implementation of review before apply (docs/inspector.md, "Extension point").
-REVIEW: Review = NoReview()
+async def _proposed(api: Api, internal: str, event_id: str) -> None:
+    if not EVENT_ID.fullmatch(event_id):
+        raise ApiError.of(422, "invalid_request", "event_id: not an event id")
+    if not await api.known(internal):
+        raise ApiError.of(404, "not_found", NOT_FOUND)
+
+
+async def _decided(
+    api: Api, internal: str, event_id: str, decide: Any, value: str | None, by: str
+) -> Decision:
+    """``decide`` the held compaction; a 404 from it becomes 409 when the conversation did
+    propose ``event_id`` (it was decided already)."""
+    try:
+        decision: Decision = await decide(internal, event_id, value, by=by)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        entries = await conversation_entries(api, internal)
+        if any(
+            doc.get("type") == "compaction.proposed" and doc.get("event_id") == event_id
+            for _sid, doc in entries
+        ):
+            raise ApiError.of(
+                409, "not_held", f"compaction {event_id} is no longer held: it was decided"
+            ) from None
+        raise
+    return decision
+
+
+def summary_of(doc: Any) -> str | None:
+    """The optional edited ``summary`` of an approval (a JSON object with only that)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) - {"summary"}:
+        raise ApiError.of(422, "invalid_request", 'the body is {"summary": "..."} or empty')
+    summary = doc.get("summary")
+    if summary is not None and not isinstance(summary, str):
+        raise ApiError.of(422, "invalid_request", "summary: a string (the edited summary)")
+    return summary
 
 
 # --- routes -----------------------------------------------------------------------------------
@@ -390,4 +419,24 @@ async def restore_compaction(request: Request) -> Response:
     body = await api.body(request)
     reason = reason_of(json_body(body, api.body_limit) if body.strip() else None)
     event = await restore(api, tenant, internal, request.path_params["event_id"], reason)
+    return JSONResponse(event)
+
+
+async def approve_compaction(request: Request) -> Response:
+    api = api_of(request)
+    tenant = api.tenant(request)
+    internal = known_id(tenant, request)
+    body = await api.body(request)
+    summary = summary_of(json_body(body, api.body_limit) if body.strip() else None)
+    event = await approve(api, tenant, internal, request.path_params["event_id"], summary)
+    return JSONResponse(event)
+
+
+async def decline_compaction(request: Request) -> Response:
+    api = api_of(request)
+    tenant = api.tenant(request)
+    internal = known_id(tenant, request)
+    body = await api.body(request)
+    reason = reason_of(json_body(body, api.body_limit) if body.strip() else None)
+    event = await decline(api, tenant, internal, request.path_params["event_id"], reason)
     return JSONResponse(event)

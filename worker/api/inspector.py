@@ -47,11 +47,12 @@ from worker.api.conversations import (
     EVENT_ID,
     MAX_PAGE,
     MAX_REASON,
-    REVIEW,
+    approve,
     compaction_page,
     conversation_timeline,
     conversations_page,
     cursor_param,
+    decline,
     restore,
 )
 from worker.api.sse import sse_response
@@ -361,14 +362,14 @@ async def _restore(request: Request, api: Api, session: Session) -> Response:
 async def _approve(request: Request, api: Api, session: Session) -> Response:
     external, internal = _internal(session, request)
     summary = form_of(request).get("summary") or None
-    await REVIEW.approve(api, session.tenant, internal, _event_id(request), summary)
+    await approve(api, session.tenant, internal, _event_id(request), summary)
     return _see(f"{pages.conversation_url(external)}?done=approved")
 
 
 async def _reject(request: Request, api: Api, session: Session) -> Response:
     external, internal = _internal(session, request)
     reason = _reason(form_of(request))
-    await REVIEW.reject(api, session.tenant, internal, _event_id(request), reason)
+    await decline(api, session.tenant, internal, _event_id(request), reason)
     return _see(f"{pages.conversation_url(external)}?done=rejected")
 
 

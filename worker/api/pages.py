@@ -205,6 +205,25 @@ def restore_form(conversation_id: str, event_id: str, frame: Frame) -> str:
     )
 
 
+def review_form(conversation_id: str, event_id: str, summary: str, frame: Frame) -> str:
+    """A held compaction's decision on its own page: approve, with its summary editable (left
+    as it is, it is approved as proposed), or reject with a reason."""
+    base = f"{conversation_url(conversation_id)}/proposals/{path_part(event_id)}"
+    return (
+        '<section class="review" aria-labelledby="review-heading">'
+        '<h2 id="review-heading">Held for review</h2>'
+        f'<form method="post" action="{esc(base)}/approve" class="decide">{csrf_field(frame)}'
+        '<label for="summary-edit">Summary (edit it to approve your version; its must-keep '
+        "facts are checked again)</label>"
+        f'<textarea id="summary-edit" name="summary" rows="12">{esc(summary)}</textarea>'
+        '<button type="submit">Approve</button></form>'
+        f'<form method="post" action="{esc(base)}/reject" class="decide">{csrf_field(frame)}'
+        '<label for="why-reject">Why reject it (optional)</label>'
+        '<input id="why-reject" name="reason" maxlength="1000">'
+        '<button type="submit">Reject</button></form></section>'
+    )
+
+
 def _proposals(conversation_id: str, line: Timeline, frame: Frame) -> str:
     """Held compactions waiting for a decision (review before apply), when there are any."""
     if not line.proposed:
@@ -368,6 +387,8 @@ def compaction_page(
         status = '<p class="notice">This compaction was restored (undone).</p>'
     elif event.event_id == line.newest_completed:
         status = restore_form(conversation_id, event.event_id, frame)
+    elif any(p.event_id == event.event_id for p in line.proposed):
+        status = review_form(conversation_id, event.event_id, c.summary.text, frame)
     body = (
         '<dl class="facts">'
         + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)

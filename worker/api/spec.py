@@ -32,8 +32,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         404: "No such conversation, transcript or message for this API key.",
         408: "The body did not arrive in time.",
         409: "The event does not describe these messages (apply), the compaction is not "
-        "the conversation's newest or a worker is compacting it (restore), or the "
-        "conversation has no snapshot to compact (compact).",
+        "the conversation's newest or a worker is compacting it (restore), is no longer held "
+        "or no longer applies (approve, reject), or the conversation has no snapshot to "
+        "compact (compact).",
         413: "The body is over the limit.",
         422: "A path, query or header value, or the body, is not valid; the error names it.",
         503: "Redis (or the transcript store) is unavailable.",
@@ -49,6 +50,34 @@ _CONVERSATION = {
     "schema": {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
 }
 _SECURE: list[dict[str, list[str]]] = [{"bearer": []}]
+_EVENT_ID = {
+    "name": "event_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"},
+}
+
+
+def _decision(operation: str, summary: str, body: str, answer: str) -> dict[str, Any]:
+    """A decision on a held compaction (review before apply)."""
+    return {
+        "post": {
+            "operationId": operation,
+            "summary": summary,
+            "security": _SECURE,
+            "parameters": [_CONVERSATION, _EVENT_ID],
+            "requestBody": {
+                "required": False,
+                "content": {"application/json": {"schema": _ref(body)}},
+            },
+            "responses": {
+                "200": _json(_ref("Event"), answer),
+                **_errors(400, 401, 404, 408, 409, 413, 422, 503),
+            },
+        }
+    }
+
+
 # A stream id: 0, $ (only what comes next) or ms[-seq] in ASCII digits, each part an unsigned
 # 64-bit integer (a pattern cannot say that; the server answers a larger one 422).
 _STREAM_ID = {"type": "string", "pattern": r"^(0|\$|[0-9]{1,20}(-[0-9]{1,20})?)$"}
@@ -190,6 +219,13 @@ def openapi() -> dict[str, Any]:
                         "url": {"type": "string", "maxLength": 2048},
                         "conversation_id": {"type": "string"},
                         "types": {"type": "array", "items": {"type": "string"}},
+                        "review_default": {
+                            "type": "string",
+                            "enum": ["approve", "reject"],
+                            "description": "A review hook's (types naming compaction.proposed) "
+                            "decision when it does not answer in time: [webhooks] "
+                            "review_default unless set.",
+                        },
                     },
                 },
                 "Webhook": {
@@ -201,6 +237,7 @@ def openapi() -> dict[str, Any]:
                         "url": {"type": "string"},
                         "conversation_id": {"type": ["string", "null"]},
                         "types": {"type": ["array", "null"], "items": {"type": "string"}},
+                        "review_default": {"type": ["string", "null"]},
                         "secret": {"type": "string"},
                         "created_at": {"type": "integer"},
                     },
@@ -282,6 +319,19 @@ def openapi() -> dict[str, Any]:
                         "replaced": {"type": ["string", "null"]},
                         "events": {"type": "string"},
                         "wait_for": {"type": "object"},
+                    },
+                },
+                "ApproveRequest": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "summary": {
+                            "type": "string",
+                            "maxLength": 100_000,
+                            "description": "An edited summary in place of the proposed one: "
+                            "at most summary_max_output_tokens tokens, checked against the "
+                            "range's must-keep facts (missing ones repaired).",
+                        }
                     },
                 },
                 "Messages": {
@@ -476,6 +526,20 @@ def openapi() -> dict[str, Any]:
                     },
                 }
             },
+            f"{conv}/compactions/{{event_id}}/approve": _decision(
+                "approveCompaction",
+                "Approve a compaction held for review (compaction.proposed), optionally with an "
+                "edited summary: publishes compaction.completed.",
+                "ApproveRequest",
+                "The compaction.completed event.",
+            ),
+            f"{conv}/compactions/{{event_id}}/reject": _decision(
+                "rejectCompaction",
+                "Decline a compaction held for review: publishes compaction.declined; the next "
+                "snapshot over the threshold proposes again.",
+                "RestoreRequest",
+                "The compaction.declined event.",
+            ),
             "/v1/apply": {
                 "post": {
                     "operationId": "applyCompaction",

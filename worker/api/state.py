@@ -16,6 +16,7 @@ from starlette.requests import Request
 
 from worker.api.auth import ApiKeys, Tenant, bearer, load_api_keys
 from worker.api.common import MAX_MESSAGE_ID, ApiError, aredis_errors, read_body
+from worker.api.review import Reviewer
 from worker.backend import keys
 from worker.backend.redis_state import (
     connect_async,
@@ -42,6 +43,8 @@ class Api:
             self.url, max_connections=settings.http.redis_max_connections
         )
         self.transcripts = self.client.store
+        # Approving and declining held compactions (review before apply).
+        self.reviewer = Reviewer(self.client.state, self.transcripts, settings)
         self.body_limit = settings.http.max_body_bytes or settings.compaction.max_snapshot_bytes
         self._ready: tuple[float, int, dict[str, Any]] | None = None
         self._ready_lock = asyncio.Lock()

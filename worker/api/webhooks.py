@@ -38,9 +38,11 @@ import httpx
 import redis
 
 from worker.api.auth import Tenant
+from worker.api.common import ApiError
 from worker.api.state import Api
 from worker.backend import keys
 from worker.backend.redis_state import BLOCK_SLICE_MS, entry_event
+from worker.errors import RedisUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +255,9 @@ class Webhooks:
             not isinstance(types, list) or not all(isinstance(t, str) for t in types)
         ):
             raise ValueError("types: must be a list of event types")
+        review_default = doc.get("review_default")
+        if review_default is not None and review_default not in DECISIONS:
+            raise ValueError('review_default: "approve" or "reject"')
         key = keys.webhooks(tenant)
         if await self.api.aredis.hlen(key) >= MAX_HOOKS_PER_TENANT:
             raise ValueError(f"at most {MAX_HOOKS_PER_TENANT} webhooks per tenant")
@@ -261,6 +266,7 @@ class Webhooks:
             "url": url,
             "conversation_id": conversation_id,
             "types": types,
+            "review_default": review_default,
             "secret": "whsec_" + secrets.token_urlsafe(24),
             "created_at": int(time.time()),
         }
@@ -353,21 +359,109 @@ class Webhooks:
             await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
             return
         body = json.dumps(Tenant(tenant).event(event), ensure_ascii=False).encode()
+        reviewers = [h for h in hooks if is_review_hook(h)] if _held(event) else []
+        ask = Review(internal, str(event.get("event_id")), reviewers) if reviewers else None
         await self._slots.acquire()
         self._in_flight.add(entry_id)
-        task = asyncio.create_task(self._deliver_all(entry_id, hooks, body))
+        task = asyncio.create_task(self._deliver_all(entry_id, hooks, body, ask))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    async def _deliver_all(self, entry_id: bytes, hooks: list[dict[str, Any]], body: bytes) -> None:
+    async def _deliver_all(
+        self,
+        entry_id: bytes,
+        hooks: list[dict[str, Any]],
+        body: bytes,
+        review: Review | None = None,
+    ) -> None:
+        asking = review.hooks if review is not None else []
+        others = [h for h in hooks if h not in asking]
+
+        async def ask_all() -> list[Answer]:
+            if review is None:
+                return []
+            return list(
+                await asyncio.gather(*(self._ask(h, body, review.event_id) for h in asking))
+            )
+
         try:
-            await asyncio.gather(*(self._deliver(h, body) for h in hooks))
+            answers, _sent = await asyncio.gather(
+                ask_all(), asyncio.gather(*(self._deliver(h, body) for h in others))
+            )
+            if review is not None:
+                await self._decide(review, answers)
             await self.api.aredis.xack(keys.RECENT, GROUP, entry_id)
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError):
+        except (
+            redis.exceptions.RedisError,
+            redis.exceptions.RedisClusterException,
+            OSError,
+            RedisUnavailable,  # deciding a held compaction: asked again on the next sweep
+        ):
             pass  # not acknowledged: the next sweep of unacknowledged entries delivers it again
         finally:
             self._in_flight.discard(entry_id)
             self._slots.release()
+
+    async def _ask(self, hook: dict[str, Any], body: bytes, event_id: str) -> Answer:
+        """Deliver a proposal to a review hook, once, and take its signed answer within
+        ``review_deadline_s``; the hook's default when none comes in time or none can be
+        taken (a retry would outlast the deadline)."""
+        fallback = Answer(hook.get("review_default") or self.config.review_default, "default")
+        deadline_s = self.config.review_deadline_s
+        try:
+            async with asyncio.timeout(deadline_s):
+                target = await check_url(hook["url"], allow_private=self.config.allow_private)
+                headers = {
+                    "Content-Type": "application/json",
+                    SIGNATURE_HEADER: sign(hook["secret"], int(time.time()), body),
+                    "X-Compactor-Webhook": hook["id"],
+                    "X-Compactor-Attempt": "1",
+                    "X-Compactor-Review-Deadline": f"{deadline_s:g}",
+                }
+                reply = await post_pinned(self.client, target, body, headers)
+        except (TimeoutError, UnsafeUrl, httpx.HTTPError) as exc:
+            log.warning(
+                "review hook %s: no answer within %gs (%s); its default: %s",
+                hook["id"],
+                deadline_s,
+                type(exc).__name__,
+                fallback.decision,
+            )
+            return fallback
+        answer = read_answer(
+            hook["secret"], event_id, reply.status_code, reply.headers, reply.content
+        )
+        if answer is None:
+            log.warning(
+                "review hook %s: answered %d without a valid signed decision; its default: %s",
+                hook["id"],
+                reply.status_code,
+                fallback.decision,
+            )
+            return fallback
+        return answer
+
+    async def _decide(self, review: Review, answers: list[Answer]) -> None:
+        """Approve or decline the held compaction as the review hooks decided. One decided
+        meanwhile (by a person, or another process) is left as it is."""
+        answer = decided(answers)
+        reviewer = self.api.reviewer
+        try:
+            if answer.decision == "approve":
+                try:
+                    await reviewer.approve(
+                        review.internal, review.event_id, answer.summary, by=answer.by
+                    )
+                    return
+                except ApiError as exc:
+                    if exc.status != 422:
+                        raise
+                    # The hook asked for changes we cannot take: its edit is not applied, and
+                    # neither is the proposal it meant to change.
+                    answer = Answer("reject", answer.by, reason=f"edit refused: {exc}")
+            await reviewer.decline(review.internal, review.event_id, answer.reason, by=answer.by)
+        except ApiError as exc:
+            log.info("review hooks: %s not decided by them: %s", review.event_id, exc)
 
     async def _deliver(self, hook: dict[str, Any], body: bytes) -> bool:
         """POST ``body`` to the hook, retrying with backoff; True once it answered 2xx."""
@@ -399,3 +493,75 @@ class Webhooks:
             await asyncio.sleep(min(delay, self.config.backoff_max_s))
             delay *= 2
         return False
+
+
+# --- review hooks ---------------------------------------------------------------------------
+
+DECISIONS = ("approve", "reject")
+# The largest answer read from a review hook (an edited summary is bounded far below it).
+MAX_ANSWER_BYTES = 512 * 1024
+
+
+def is_review_hook(hook: dict[str, Any]) -> bool:
+    """A hook that decides held compactions: one subscribed to ``compaction.proposed`` by name
+    (a hook of every type only hears of them)."""
+    types = hook.get("types")
+    return isinstance(types, list) and "compaction.proposed" in types
+
+
+def _held(event: dict[str, Any]) -> bool:
+    return event.get("type") == "compaction.proposed" and isinstance(event.get("event_id"), str)
+
+
+@dataclass(frozen=True)
+class Review:
+    """A proposal to put to the review hooks that subscribed to it."""
+
+    internal: str  # the conversation, as the service names it
+    event_id: str  # the compaction.proposed event's
+    hooks: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One review hook's decision: what it answered (``by="webhook"``), or, when it did not
+    answer in time or validly, its default (``by="default"``)."""
+
+    decision: str  # approve | reject
+    by: str
+    summary: str | None = None
+    reason: str | None = None
+
+
+def read_answer(
+    secret: str, event_id: str, status: int, headers: httpx.Headers, body: bytes
+) -> Answer | None:
+    """A review hook's answer, or None when there is none to take: not 2xx, unsigned or
+    signed otherwise than with the hook's secret (``X-Compactor-Signature`` over the body,
+    as our deliveries are signed), not about this proposal (``event_id``), or malformed."""
+    if not 200 <= status < 300 or len(body) > MAX_ANSWER_BYTES:
+        return None
+    if not verify(secret, headers.get(SIGNATURE_HEADER, ""), body):
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("event_id") != event_id:
+        return None
+    decision, summary, reason = doc.get("decision"), doc.get("summary"), doc.get("reason")
+    if decision not in DECISIONS:
+        return None
+    if not isinstance(summary, str | None) or not isinstance(reason, str | None):
+        return None
+    return Answer(decision, "webhook", summary if decision == "approve" else None, reason)
+
+
+def decided(answers: list[Answer]) -> Answer:
+    """One decision from every review hook's: a reject (a veto) wins; else an approval, with
+    the first edited summary any hook sent."""
+    vetoes = [a for a in answers if a.decision == "reject"]
+    if vetoes:
+        return vetoes[0]
+    edits = [a for a in answers if a.summary is not None]
+    return edits[0] if edits else answers[0]

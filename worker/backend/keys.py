@@ -23,6 +23,7 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:memo`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:last`` | list (event JSON, newest 8) | publish (completed) | ``stream_ttl_s`` |
 | ``cw:{conv}:composed`` | string (JSON, wire.composed) | publish (completed) | ``stream_ttl_s`` |
+| ``cw:{conv}:proposal`` | string (JSON) | publish (proposed), approve, decline | ``stream_ttl_s`` |
 | ``cw:{conv}:events`` | stream | publish | MAXLEN ``stream_maxlen``, ``stream_ttl_s`` |
 | ``cw:{conv}:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:{conv}:announce`` | pub/sub channel | publish | none (not stored) |
@@ -85,6 +86,7 @@ __all__ = [
     "latest",
     "lock",
     "memo",
+    "proposal",
     "proxy_revision",
     "published",
     "queued",
@@ -154,6 +156,12 @@ def requested(conversation_id: str) -> str:
     """The compaction someone asked for and no worker has published yet (one per
     conversation: a newer request replaces a waiting one)."""
     return _conversation_key(conversation_id, "requested")
+
+
+def proposal(conversation_id: str) -> str:
+    """The compaction held for review (``compaction.proposed``), if any: at most one per
+    conversation; while it waits, no other compaction of the conversation is made."""
+    return _conversation_key(conversation_id, "proposal")
 
 
 def events(conversation_id: str) -> str:

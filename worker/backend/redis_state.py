@@ -41,11 +41,20 @@ from worker.errors import (
     RedisUnavailable,
     TransientError,
 )
-from worker.wire.composed import ComposedCompaction, without
+from worker.wire.composed import (
+    ComposedCompaction,
+    HeldProposal,
+    approved_composition,
+    without,
+)
 from worker.wire.events import (
     CompactionEvent,
     CompletedEvent,
+    DeclinedEvent,
     RevertedEvent,
+    Summary,
+    approved_event,
+    declined_event,
     parse_event,
     reverted_event,
 )
@@ -378,13 +387,14 @@ return 0
 """
 
 # Publishes one or more events of a conversation, in order; the last is the outcome, whose
-# handled revision, memo and compaction are recorded with it, only if it is published. KEYS: the
-# stream, lock, handled, last, latest, memo, composed, then each event's published flag. ARGV
-# from 13 on: each event's JSON. Replies {newest, status of each event} or {'lease_lost'}.
+# handled revision, memo and compaction (or proposal, held for review) are recorded with it, only
+# if it is published. KEYS: the stream, lock, handled, last, latest, memo, composed, proposal,
+# then each event's published flag. ARGV from 14 on: each event's JSON. Replies {newest, status
+# of each event} or {'lease_lost'}.
 _PUBLISH = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return {'lease_lost'} end
 local reply = {0}
-for i = 13, #ARGV do
+for i = 14, #ARGV do
   if redis.call('SET', KEYS[i - 5], 1, 'NX', 'EX', ARGV[12]) then
     redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[i])
     redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -412,7 +422,44 @@ if ARGV[6] == '1' then
   redis.call('EXPIRE', KEYS[4], ARGV[3])
   if ARGV[11] ~= '' then redis.call('SET', KEYS[7], ARGV[11], 'EX', ARGV[3]) end
 end
+if ARGV[13] ~= '' then redis.call('SET', KEYS[8], ARGV[13], 'EX', ARGV[3]) end
 return reply
+"""
+
+# Approve the held compaction: only if it is still the one held (ARGV[1]) and the composition
+# is still the one it was computed on (its newest compaction's id, ARGV[2]; '' for none). Then,
+# as a publish of a completed event does: the proposal goes, the event enters 'last', the
+# stream and the composition. KEYS: proposal, last, composed, events, the published flag.
+_APPROVE = """
+local held = redis.call('GET', KEYS[1])
+if not held or cjson.decode(held)['event']['event_id'] ~= ARGV[1] then return {'not_held', ''} end
+local composed = redis.call('GET', KEYS[3])
+local base = ''
+if composed then base = cjson.decode(composed)['event_id'] or '' end
+if base ~= ARGV[2] then return {'changed', ''} end
+if not redis.call('SET', KEYS[5], 1, 'NX', 'EX', ARGV[6]) then return {'duplicate', ''} end
+redis.call('DEL', KEYS[1])
+redis.call('LPUSH', KEYS[2], ARGV[3])
+redis.call('LTRIM', KEYS[2], 0, ARGV[8] - 1)
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[6]) end
+local id = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'event', ARGV[3])
+redis.call('EXPIRE', KEYS[4], ARGV[6])
+redis.call('PUBLISH', ARGV[7], ARGV[3])
+return {'approved', id}
+"""
+
+# Decline the held compaction ARGV[1]: the proposal goes and the declined event is published.
+# KEYS: proposal, events, the published flag.
+_DECLINE = """
+local held = redis.call('GET', KEYS[1])
+if not held or cjson.decode(held)['event']['event_id'] ~= ARGV[1] then return {'not_held', ''} end
+if not redis.call('SET', KEYS[3], 1, 'NX', 'EX', ARGV[4]) then return {'duplicate', ''} end
+redis.call('DEL', KEYS[1])
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', ARGV[5], ARGV[2])
+return {'declined', id}
 """
 
 # Restore (undo) the newest completed compaction: only while no worker holds the conversation
@@ -443,7 +490,7 @@ local digest = redis.call('HGET', KEYS[5], 'd')
 local memo = false
 if digest and digest ~= ARGV[1] then memo = redis.call('HGET', KEYS[5], 'b') end
 return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), digest or false,
-        memo, redis.call('GET', KEYS[7]) or false}
+        memo, redis.call('GET', KEYS[7]) or false, redis.call('EXISTS', KEYS[8])}
 """
 
 # Takes the lock unless another worker holds it or (ARGV[3], when given) that revision has an
@@ -504,6 +551,8 @@ SubmitStatus = Literal["queued", "coalesced", "superseded"]
 PublishStatus = Literal["published", "duplicate"]
 # revert: done; not the newest completed compaction (or none); a worker holds the conversation
 RevertStatus = Literal["reverted", "not_newest", "busy"]
+# approve / decline: done; no such proposal held; the compactions changed since it was proposed
+ReviewStatus = Literal["approved", "declined", "not_held", "changed"]
 _REVERT_ATTEMPTS = 5  # the composition changed under a revert: read it again
 LockStatus = Literal["taken", "held", "handled"]
 
@@ -556,6 +605,8 @@ class Work:
     memo: bytes | None = None
     # Every compaction so far as one edit of the full history (worker.wire.composed), if any.
     composed: ComposedCompaction | None = None
+    # A compaction is held for review (cw:{conv}:proposal): none other is made meanwhile.
+    held: bool = False
 
     @property
     def pending(self) -> bool:
@@ -579,6 +630,8 @@ class RedisState:
         self._request = client.register_script(_REQUEST)
         self._take_request = client.register_script(_TAKE_REQUEST)
         self._done_request = client.register_script(_DONE_REQUEST)
+        self._approve = client.register_script(_APPROVE)
+        self._decline = client.register_script(_DECLINE)
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -629,6 +682,7 @@ class RedisState:
                     keys.memo(conversation_id),
                     keys.snapshot(conversation_id),
                     keys.composed(conversation_id),
+                    keys.proposal(conversation_id),
                 ],
                 args=[known_memo],
             )
@@ -646,6 +700,7 @@ class RedisState:
             memo_digest=_text(reply[4]) if reply[4] else None,
             memo=reply[5] or None,
             composed=_composed(reply[6], compactions),
+            held=len(reply) > 7 and bool(reply[7]),
         )
 
     # --- compactions on demand -----------------------------------------------------------------
@@ -784,6 +839,7 @@ class RedisState:
         memo_digest: str = "",
         dedup_ttl_s: int | None = None,
         composed: ComposedCompaction | None = None,
+        proposal: HeldProposal | None = None,
     ) -> PublishStatus:
         """Append ``event`` to its conversation's stream once (by ``event_id``), announce it,
         record the handled revision, add ``counters`` and store the conversation's evaluation
@@ -796,7 +852,8 @@ class RedisState:
         (default ``stream_ttl_s``); an event that only a redelivery could publish again needs
         it only as long as a redelivery can come. ``composed``: with a completed event, every
         compaction so far as one edit (stored in the same step, so it always includes the
-        newest)."""
+        newest). ``proposal``: with a ``compaction.proposed`` event, what approving it needs,
+        stored as the conversation's held compaction in the same step."""
         conv = event.conversation_id
         events = [*ahead, event]
         if any(e.conversation_id != conv for e in ahead):
@@ -813,6 +870,7 @@ class RedisState:
                     keys.latest(conv),
                     keys.memo(conv),
                     keys.composed(conv),
+                    keys.proposal(conv),
                     *(keys.published(conv, e.event_id) for e in events),
                 ],
                 args=[
@@ -828,6 +886,7 @@ class RedisState:
                     memo_digest,
                     composed.to_json() if composed is not None and is_completed else "",
                     dedup_ttl_s or self.config.stream_ttl_s,
+                    proposal.to_json() if proposal is not None else "",
                     *texts,
                 ],
             )
@@ -938,6 +997,90 @@ class RedisState:
             f"the compactions of {conversation_id} kept changing while restoring one",
             code="redis_error",
         )
+
+    # --- review before apply -------------------------------------------------------------
+
+    def held_proposal(self, conversation_id: str) -> HeldProposal | None:
+        """The compaction held for review, if any (None also for one this version cannot
+        read, with a warning)."""
+        with redis_errors("reading the held compaction"):
+            stored = self.client.get(keys.proposal(conversation_id))
+        if stored is None:
+            return None
+        try:
+            return HeldProposal.model_validate_json(stored)
+        except ValueError:
+            log.warning("ignoring an unreadable cw:{conv}:proposal", exc_info=True)
+            return None
+
+    def approve(
+        self, held: HeldProposal, now: datetime, *, by: str, summary: Summary | None = None
+    ) -> tuple[ReviewStatus, CompletedEvent | None, str]:
+        """Publish the held compaction ``held`` as ``compaction.completed`` (with ``summary``
+        in place of the proposed one, if given: an edit, checked by the caller), in the same
+        step as it enters ``cw:{conv}:last`` and the composition and leaves the proposal.
+        Returns the status, the event and its stream id."""
+        proposal = held.event
+        conv = proposal.conversation_id
+        event = approved_event(proposal, now, by=by, summary=summary)
+        composed = held.composed
+        if composed is not None:
+            composed = approved_composition(
+                composed, event.event_id, proposal.compaction.summary.text, summary
+            )
+        with redis_errors("approving a compaction"):
+            reply = self._approve(
+                keys=[
+                    keys.proposal(conv),
+                    keys.last_compaction(conv),
+                    keys.composed(conv),
+                    keys.events(conv),
+                    keys.published(conv, event.event_id),
+                ],
+                args=[
+                    proposal.event_id,
+                    held.base or "",
+                    event.to_json(),
+                    "" if composed is None else composed.to_json(),
+                    self.config.stream_maxlen,
+                    self.config.stream_ttl_s,
+                    keys.announce(conv),
+                    LAST_COMPACTIONS,
+                ],
+            )
+        status, stream_id = _text(reply[0]), _text(reply[1])
+        if status == "approved":
+            self._fan_out([event.to_json()], {"compactions_approved_total": 1.0}, conv)
+            return "approved", event, stream_id
+        return ("not_held" if status == "duplicate" else status), None, ""  # type: ignore[return-value]
+
+    def decline(
+        self, held: HeldProposal, now: datetime, *, by: str, reason: str | None
+    ) -> tuple[ReviewStatus, DeclinedEvent | None, str]:
+        """Decline the held compaction: publish ``compaction.declined`` and drop the proposal,
+        in one step; the next snapshot over the threshold proposes again."""
+        event = declined_event(held.event, now, by=by, reason=reason)
+        conv = event.conversation_id
+        with redis_errors("declining a compaction"):
+            reply = self._decline(
+                keys=[
+                    keys.proposal(conv),
+                    keys.events(conv),
+                    keys.published(conv, event.event_id),
+                ],
+                args=[
+                    held.event.event_id,
+                    event.to_json(),
+                    self.config.stream_maxlen,
+                    self.config.stream_ttl_s,
+                    keys.announce(conv),
+                ],
+            )
+        status, stream_id = _text(reply[0]), _text(reply[1])
+        if status == "declined":
+            self._fan_out([event.to_json()], {"compactions_declined_total": 1.0}, conv)
+            return "declined", event, stream_id
+        return "not_held", None, ""
 
     def is_published(self, conversation_id: str, event_id: str) -> bool:
         with redis_errors("checking an event"):

@@ -241,7 +241,8 @@ class Timeline:
 
     @property
     def outcomes(self) -> list[Point]:
-        return [p for p in self.points if p.type in OUTCOME_TYPES]
+        # A held proposal settles its revision too, but the chart shows what was applied.
+        return [p for p in self.points if p.type in OUTCOME_TYPES and p.type != PROPOSED]
 
 
 def timeline(entries: Sequence[tuple[str, Mapping[str, Any]]]) -> Timeline:
@@ -273,6 +274,16 @@ def _point(stream_id: str, doc: Mapping[str, Any], reverted: set[str]) -> Point:
         revision=_int(doc.get("revision")) or 0,
         created_at=str(doc.get("created_at", "")),
     )
+    compaction = doc.get("compaction")
+    if kind == PROPOSED and isinstance(compaction, Mapping):  # held: what it would do
+        # Read as a dict: a proposal is shown however little of it this version can read.
+        trigger_doc = doc.get("trigger")
+        limit = trigger_doc.get("threshold_tokens") if isinstance(trigger_doc, Mapping) else None
+        before = _int(compaction.get("tokens_before"))
+        after = _int(compaction.get("tokens_after"))
+        return replace(
+            head, before=before, after=after, threshold=_int(limit), note="held for review"
+        )
     try:
         event = parse_event(dict(doc))
     except ValueError:
@@ -287,6 +298,8 @@ def _point(stream_id: str, doc: Mapping[str, Any], reverted: set[str]) -> Point:
         note = (
             f"{c.end - c.start} messages ({c.first_id} … {c.last_id}) replaced by "
             f"{len(c.replacement)}; summary: {c.summary.source}"
+            + (", edited" if c.summary.edited else "")
+            + (f"; approved ({event.approved_by})" if event.approved_by else "")
         )
         return replace(
             head,
@@ -296,14 +309,13 @@ def _point(stream_id: str, doc: Mapping[str, Any], reverted: set[str]) -> Point:
             note=note,
             reverted=event.event_id in reverted,
         )
-    compaction = doc.get("compaction")
-    if kind == PROPOSED and isinstance(compaction, Mapping):  # held: what it would do
-        before = _int(compaction.get("tokens_before"))
-        after = _int(compaction.get("tokens_after"))
-        return replace(head, before=before, after=after, threshold=threshold, note="held")
     note = str(getattr(event, "reason", "") or "")
     if kind == "compaction.reverted":
         note = f"restored compaction {doc.get('reverted_event_id')}" + (
+            f": {doc['reason']}" if doc.get("reason") else ""
+        )
+    elif kind == "compaction.declined":
+        note = f"declined ({doc.get('declined_by')}) compaction {doc.get('proposal_event_id')}" + (
             f": {doc['reason']}" if doc.get("reason") else ""
         )
     elif kind == "tool_results.elided":

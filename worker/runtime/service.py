@@ -31,8 +31,15 @@ from worker.errors import InvalidSnapshot, LeaseLost
 from worker.ops.tracing import AttributeValue, Stage, Telemetry
 from worker.pipeline import Pipeline, StoredBlob, Verdict
 from worker.transcripts import prune_by_settings
-from worker.wire.composed import compose
-from worker.wire.events import CompactionEvent, CompletedEvent, FailedEvent, rejected_event
+from worker.wire.composed import ComposedCompaction, HeldProposal, compose
+from worker.wire.events import (
+    CompactionEvent,
+    CompletedEvent,
+    FailedEvent,
+    proposed_event,
+    rejected_event,
+    skipped_event,
+)
 from worker.wire.snapshots import ParsedSnapshot
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,7 @@ Outcome = Literal[
     "queued",
     "deferred",
     "completed",
+    "proposed",
     "failed",
     "duplicate",
     "lease_lost",
@@ -296,6 +304,17 @@ class Service:
             with self._publishing(verdict.skipped, timings):
                 self.state.publish(verdict.skipped, fencing_token=token, handled_revision=latest)
             return "skipped"
+        if work.held:  # one held compaction at a time: its approval changes what comes next
+            held = skipped_event(
+                conversation_id,
+                parsed.revision,
+                self.pipeline.adapters.now(),
+                why="held",
+                reason="a compaction of this conversation awaits review (compaction.proposed)",
+                trigger=verdict.evaluation.trigger(),
+            )
+            self.state.publish(held, fencing_token=token, handled_revision=latest)
+            return "skipped"
         started = time.monotonic()
         event = self.pipeline.compact(
             context,
@@ -312,15 +331,21 @@ class Service:
         failed = event.type == "compaction.failed"
         if isinstance(event, FailedEvent):
             stage.fail(f"{event.error.code}: {event.error.message}")
+        composed = (
+            compose(work.composed, parsed.snapshot.messages, event)
+            if isinstance(event, CompletedEvent)
+            else None
+        )
+        if isinstance(event, CompletedEvent) and context.config.reviews(conversation_id):
+            with self._publishing(event, timings):
+                return self._propose(event, composed, work, token, counters)
         with self._publishing(event, timings):
             status = self.state.publish(
                 event,
                 fencing_token=token,
                 handled_revision=None if failed else latest,
                 counters=counters,  # counted in the same step, and only if really published
-                composed=compose(work.composed, parsed.snapshot.messages, event)
-                if isinstance(event, CompletedEvent)
-                else None,
+                composed=composed,
             )
         if status == "published" and isinstance(event, CompletedEvent):
             c = event.compaction
@@ -452,6 +477,33 @@ class Service:
             )
             self.state.publish(event, counters={"snapshots_rejected_total": 1.0})
             return None
+
+    def _propose(
+        self,
+        completed: CompletedEvent,
+        composed: ComposedCompaction | None,
+        work: Work,
+        token: str,
+        counters: dict[str, float],
+    ) -> Outcome:
+        """Hold the compaction for review: publish it as ``compaction.proposed``, stored with
+        what its approval publishes; it settles the revision like the completed event would."""
+        proposal = proposed_event(completed)
+        held = HeldProposal(
+            event=proposal,
+            composed=composed,
+            base=work.composed.event_id if work.composed is not None else None,
+        )
+        del counters["compactions_completed_total"]
+        counters["compactions_proposed_total"] = 1.0
+        status = self.state.publish(
+            proposal,
+            fencing_token=token,
+            handled_revision=work.latest,
+            counters=counters,
+            proposal=held,
+        )
+        return "duplicate" if status == "duplicate" else "proposed"
 
     # --- housekeeping ------------------------------------------------------------------------
 

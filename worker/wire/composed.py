@@ -30,10 +30,18 @@ from pydantic import BaseModel, ConfigDict
 
 from worker.errors import EventMismatch
 from worker.wire import formats
-from worker.wire.events import CompletedEvent
+from worker.wire.events import CompletedEvent, ProposedEvent, Summary, replace_text
 from worker.wire.models import WireFormat, canonical_json
 
-__all__ = ["ComposedCompaction", "apply_composed", "chain_digest", "compose", "without"]
+__all__ = [
+    "ComposedCompaction",
+    "HeldProposal",
+    "apply_composed",
+    "approved_composition",
+    "chain_digest",
+    "compose",
+    "without",
+]
 
 
 class ComposedCompaction(BaseModel):
@@ -161,3 +169,31 @@ def _extend(
         event_id=event.event_id,
         revision=event.revision,
     )
+
+
+class HeldProposal(BaseModel):
+    """A compaction held for review (``cw:{conv}:proposal``): its ``compaction.proposed``
+    event, the composition it would make once approved (computed with it, as a publish of the
+    completed event would), and ``base``: the id of the newest compaction that composition was
+    computed on (None: none), so that an approval after a restore is refused, not misapplied.
+    A proposal never enters ``cw:{conv}:composed`` or ``cw:{conv}:last`` before approval."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    event: ProposedEvent
+    composed: ComposedCompaction | None = None
+    base: str | None = None
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def approved_composition(
+    composed: ComposedCompaction, event_id: str, proposed_text: str, summary: Summary | None
+) -> ComposedCompaction:
+    """The composition of a held proposal as its approval ``event_id`` publishes it: named by
+    that event, and with an edited ``summary`` in place of ``proposed_text``."""
+    replacement = composed.replacement
+    if summary is not None and summary.text != proposed_text:
+        replacement = [replace_text(m, proposed_text, summary.text) for m in replacement]
+    return composed.model_copy(update={"event_id": event_id, "replacement": replacement})

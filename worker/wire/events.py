@@ -29,6 +29,8 @@ EventType = Literal[
     "compaction.rejected",
     "tool_results.elided",
     "compaction.reverted",
+    "compaction.proposed",
+    "compaction.declined",
 ]
 
 
@@ -112,6 +114,9 @@ class Summary(_Published):
     # What was redacted from the range before it was summarized: a count per kind, never the
     # content ({} when nothing was; older events lack it).
     redactions: dict[str, int] = Field(default_factory=dict)
+    # A reviewer replaced the proposed text (review before apply, docs/events.md): ``fidelity``
+    # is then the check of the edited text, and ``sections`` are gone (the edit has no sources).
+    edited: bool = False
 
 
 DroppedKind = Literal[
@@ -206,11 +211,40 @@ class _Event(_Published):
 
 
 class CompletedEvent(_Event):
-    """A compaction: apply it with ``apply_compaction`` whenever you like."""
+    """A compaction: apply it with ``apply_compaction`` whenever you like. A held compaction,
+    once approved, names its ``compaction.proposed`` (``proposal_event_id``) and who approved
+    it (``approved_by``: ``api``, ``webhook``, or ``default`` when no hook answered within its
+    deadline); both None otherwise, and in older events."""
 
     type: Literal["compaction.completed"] = "compaction.completed"
     trigger: Trigger
     compaction: Compaction
+    proposal_event_id: str | None = None
+    approved_by: str | None = None
+
+
+class ProposedEvent(_Event):
+    """A compaction held for review (``[compaction] review``): the full proposal, as the
+    completed event would carry it. Nothing applies it; approving it publishes a
+    ``compaction.completed`` (possibly with an edited summary), declining it a
+    ``compaction.declined``. A reader of a version before it reads it as :class:`OtherEvent`."""
+
+    type: Literal["compaction.proposed"] = "compaction.proposed"
+    trigger: Trigger
+    compaction: Compaction
+
+
+class DeclinedEvent(_Event):
+    """A held compaction was declined (``proposal_event_id``: its ``compaction.proposed``);
+    ``reason``: why, if the reviewer said; ``declined_by`` as ``CompletedEvent.approved_by``.
+    The next snapshot over the threshold proposes again. (Not ``compaction.rejected``: that
+    names an invalid snapshot, with an ``error``, and an older reader would take a declined
+    proposal for one.)"""
+
+    type: Literal["compaction.declined"] = "compaction.declined"
+    proposal_event_id: str
+    reason: str | None = None
+    declined_by: str = "api"
 
 
 class SkippedEvent(_Event):
@@ -273,6 +307,8 @@ _KNOWN = {
     "compaction.rejected",
     "tool_results.elided",
     "compaction.reverted",
+    "compaction.proposed",
+    "compaction.declined",
 }
 
 
@@ -288,17 +324,33 @@ CompactionEvent = Annotated[
     | Annotated[RejectedEvent, Tag("compaction.rejected")]
     | Annotated[ElidedEvent, Tag("tool_results.elided")]
     | Annotated[RevertedEvent, Tag("compaction.reverted")]
+    | Annotated[ProposedEvent, Tag("compaction.proposed")]
+    | Annotated[DeclinedEvent, Tag("compaction.declined")]
     | Annotated[OtherEvent, Tag("other")],
     Discriminator(_event_kind),
 ]
-# The six types this version publishes, discriminated by ``type`` (the JSON Schema of "an event"
+# The eight types this version publishes, discriminated by ``type`` (the JSON Schema of "an event"
 # is made from it; readers use :data:`CompactionEvent`, which also keeps unknown types).
 PublishedEvent = Annotated[
-    CompletedEvent | SkippedEvent | FailedEvent | RejectedEvent | ElidedEvent | RevertedEvent,
+    CompletedEvent
+    | SkippedEvent
+    | FailedEvent
+    | RejectedEvent
+    | ElidedEvent
+    | RevertedEvent
+    | ProposedEvent
+    | DeclinedEvent,
     Field(discriminator="type"),
 ]
+# A revision's outcome: a held compaction (proposed) is its revision's outcome too.
 OUTCOME_TYPES = frozenset(
-    {"compaction.completed", "compaction.skipped", "compaction.failed", "compaction.rejected"}
+    {
+        "compaction.completed",
+        "compaction.skipped",
+        "compaction.failed",
+        "compaction.rejected",
+        "compaction.proposed",
+    }
 )
 EVENT_ADAPTER: TypeAdapter[CompactionEvent] = TypeAdapter(CompactionEvent)
 
@@ -428,4 +480,80 @@ def reverted_event(
         created_at=now,
         reverted_event_id=reverted_event_id,
         reason=reason,
+    )
+
+
+def proposed_event(completed: CompletedEvent) -> ProposedEvent:
+    """The completed event ``completed`` held for review: the same id, revision and proposal."""
+    return ProposedEvent(
+        event_id=completed.event_id,
+        conversation_id=completed.conversation_id,
+        revision=completed.revision,
+        created_at=completed.created_at,
+        trigger=completed.trigger,
+        compaction=completed.compaction,
+    )
+
+
+def approved_event(
+    proposal: ProposedEvent, now: datetime, *, by: str, summary: Summary | None = None
+) -> CompletedEvent:
+    """The completed event of an approved proposal; with ``summary`` (an edit, checked), its
+    text replaces the proposed one in the replacement's summary message as well. The id is
+    derived from the proposal's, so an approval is published once."""
+    compaction = proposal.compaction
+    if summary is not None:
+        compaction = with_summary(compaction, summary)
+    return CompletedEvent(
+        event_id=event_id_for(
+            proposal.conversation_id, proposal.revision, "compaction.approved", proposal.event_id
+        ),
+        conversation_id=proposal.conversation_id,
+        revision=proposal.revision,
+        created_at=now,
+        trigger=proposal.trigger,
+        compaction=compaction,
+        proposal_event_id=proposal.event_id,
+        approved_by=by,
+    )
+
+
+def with_summary(compaction: Compaction, summary: Summary) -> Compaction:
+    """``compaction`` with ``summary`` in place of its own, in the event and in the
+    replacement's summary message (the last one, whose text content is the summary's)."""
+    replacement = [*compaction.replacement]
+    replacement[-1] = replace_text(replacement[-1], compaction.summary.text, summary.text)
+    return compaction.model_copy(update={"summary": summary, "replacement": replacement})
+
+
+def replace_text(message: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """``message`` (any wire format) with every text equal to ``old`` replaced by ``new``: the
+    summary message holds the summary as its ``content`` string or as one text part."""
+
+    def swap(value: Any) -> Any:
+        if value == old:
+            return new
+        if isinstance(value, dict):
+            return {k: swap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [swap(v) for v in value]
+        return value
+
+    out: dict[str, Any] = swap(message)
+    return out
+
+
+def declined_event(
+    proposal: ProposedEvent, now: datetime, *, by: str, reason: str | None
+) -> DeclinedEvent:
+    return DeclinedEvent(
+        event_id=event_id_for(
+            proposal.conversation_id, proposal.revision, "compaction.declined", proposal.event_id
+        ),
+        conversation_id=proposal.conversation_id,
+        revision=proposal.revision,
+        created_at=now,
+        proposal_event_id=proposal.event_id,
+        reason=reason,
+        declined_by=by,
     )

@@ -30,8 +30,10 @@ from pydantic_core import core_schema
 
 from worker.wire.events import (
     CompletedEvent,
+    DeclinedEvent,
     ElidedEvent,
     FailedEvent,
+    ProposedEvent,
     PublishedEvent,
     RejectedEvent,
     RevertedEvent,
@@ -66,6 +68,8 @@ SCHEMAS: dict[str, Source] = {
     "compaction.rejected.schema.json": Source(RejectedEvent, "serialization"),
     "tool_results.elided.schema.json": Source(ElidedEvent, "serialization"),
     "compaction.reverted.schema.json": Source(RevertedEvent, "serialization"),
+    "compaction.proposed.schema.json": Source(ProposedEvent, "serialization"),
+    "compaction.declined.schema.json": Source(DeclinedEvent, "serialization"),
 }
 
 

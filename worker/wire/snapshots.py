@@ -25,7 +25,13 @@ from worker.wire.models import CONVERSATION_ID_RULE, Message, Snapshot, WireForm
 
 # Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
 OPERATOR_ONLY = frozenset(
-    {"transcript_dir", "max_snapshot_bytes", "max_messages", "max_persisted_transcripts"}
+    {
+        "transcript_dir",
+        "max_snapshot_bytes",
+        "max_messages",
+        "max_persisted_transcripts",
+        "review_tenants",
+    }
 )
 # json's C parser raises RecursionError on absurd nesting (~1,000 levels), reported as such.
 # Cost bounds a snapshot may lower but never raise.
@@ -305,6 +311,9 @@ def effective_settings(
         if getattr(effective.compaction, key) > limit:
             reason = f"may only lower the operator's limit of {limit}"
             raise InvalidSnapshot(f"config.{key}", reason)
+    if settings.compaction.review and not effective.compaction.review:
+        # The operator's hold is not the agent's to lift; a snapshot may only ask for it.
+        raise InvalidSnapshot("config.review", "may only turn review on, not off")
     return effective
 
 
