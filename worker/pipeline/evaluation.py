@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from worker.core.cost import Activity, CostDecision
 from worker.core.projection import (
     REPLY_PRIMING_TOKENS,
     CountedProjection,
@@ -49,6 +50,9 @@ class Evaluation:
     tokenizer_counted_by: str = "tiktoken"
     usage: UsagePrefix | None = None
     usage_ignored: str | None = None
+    # The conversation's pace (worker.core.cost), and the cost policy's verdict when it decided.
+    activity: Activity | None = None
+    decision: CostDecision | None = None
 
     @property
     def projection(self) -> Projection:
@@ -68,6 +72,13 @@ class Evaluation:
     @property
     def over_threshold(self) -> bool:
         return self.threshold is not None and self.projected_tokens > self.threshold
+
+    @property
+    def should_compact(self) -> bool:
+        """The decision: the cost policy's when it decided, else over the threshold."""
+        if self.decision is not None:
+            return self.decision.compact
+        return self.over_threshold
 
     def trigger(self) -> Trigger:
         return Trigger(
