@@ -49,6 +49,8 @@ EVALUATE_TASK = "compactor.evaluate"
 SUMMARIZE_TASK = "compactor.summarize"
 PRUNE_TASK = "compactor.prune"
 RECONCILE_TASK = "compactor.reconcile"
+IDLE_SCAN_TASK = "compactor.idle_scan"  # finds idle conversations (maintenance queue)
+IDLE_COMPACT_TASK = "compactor.idle_compact"  # compacts one of them (summarize queue)
 
 DEFAULT_BROKER = DEFAULT_REDIS_URL
 

@@ -13,7 +13,6 @@ from worker.pipeline.context import SnapshotContext
 from worker.pipeline.evaluation import Evaluation
 from worker.wire.events import Compaction, Cost
 
-
 # The summary is estimated at this share (%) of what it summarizes, at most its bound: the
 # digest's summaries of the corpus's ranges stay well under it (BENCHMARKS.md), so the estimate
 # errs towards a larger result, i.e. a smaller gain.
