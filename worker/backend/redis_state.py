@@ -358,10 +358,6 @@ local rev = tonumber(ARGV[2])
 if rev < latest or rev <= handled then return {'superseded', math.max(latest, handled)} end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-if not redis.call('HGET', KEYS[5], 'f') then redis.call('HSET', KEYS[5], 'f', ARGV[4]) end
-redis.call('HSET', KEYS[5], 't', ARGV[4])
-redis.call('HINCRBY', KEYS[5], 'n', 1)
-redis.call('EXPIRE', KEYS[5], ARGV[3])
 if redis.call('SET', KEYS[3], ARGV[2], 'NX', 'EX', ARGV[3]) then return {'queued', rev} end
 return {'coalesced', rev}
 """
@@ -552,18 +548,29 @@ class RedisState:
                     keys.latest(conversation_id),
                     keys.queued(conversation_id),
                     keys.handled(conversation_id),
-                    keys.activity(conversation_id),
                 ],
-                args=[packed, revision, ttl, repr(now)],
+                args=[packed, revision, ttl],
             )
             pipe = self.client.pipeline(transaction=False)
             if _text(status) != "superseded":
                 pipe.zadd(keys.PENDING, {conversation_id: now}, nx=True)
-                pipe.zadd(keys.IDLE, {conversation_id: now})
-                pipe.zremrangebyrank(keys.IDLE, 0, -IDLE_INDEX_MAX - 1)
+                self._note_activity(pipe, conversation_id, now)
             self._touch_tenant(pipe, conversation_id, now)
             pipe.execute()
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
+
+    def _note_activity(self, pipe: Any, conversation_id: str, now: float) -> None:
+        """Queue on ``pipe``: the conversation's pace (``cw:{conv}:activity``, for the cost
+        model) and its place in ``cw:idle`` (for idle compaction). Outside the submit script,
+        which programs in other languages run as documented: without these a conversation is
+        only priced as of unknown pace and never idle-compacted."""
+        activity = keys.activity(conversation_id)
+        pipe.hsetnx(activity, "f", now)
+        pipe.hset(activity, "t", now)
+        pipe.hincrby(activity, "n", 1)
+        pipe.expire(activity, self.config.snapshot_ttl_s)
+        pipe.zadd(keys.IDLE, {conversation_id: now})
+        pipe.zremrangebyrank(keys.IDLE, 0, -IDLE_INDEX_MAX - 1)
 
     def unqueue(self, conversation_id: str, revision: int) -> bool:
         """Clear the queued flag that ``store_snapshot`` set for ``revision`` (its task could
