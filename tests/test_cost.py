@@ -264,3 +264,17 @@ def test_the_cost_policy_skips_a_warm_prefix_for_a_gain_under_the_minimum(tmp_pa
     done = run(tmp_path / "b", snap, policy="cost", cost_min_gain_usd=0.0)[-1]
     assert isinstance(done, CompletedEvent) and done.trigger.kind == "cost"
     assert done.cost is not None and done.cost.decision is not None
+
+
+def test_the_agents_last_request_time_tells_a_cold_cache(tmp_path: Path) -> None:
+    snap = conversation("c-cold", 12, window=2000)
+    snap["usage"] = {"input_tokens": 20, "message_count": 1}
+    warm = run(tmp_path / "warm", snap)[-1]
+    assert isinstance(warm, CompletedEvent) and warm.cost is not None
+    assert warm.cost.cache_warm is True  # pace unknown: assumed warm
+    # sent 10 minutes before the evaluation: a 5-minute cache has expired
+    snap["usage"]["requested_at"] = "2025-09-01T11:50:00+00:00"
+    cold = run(tmp_path / "cold", snap)[-1]
+    assert isinstance(cold, CompletedEvent) and cold.cost is not None
+    assert cold.cost.cache_warm is False
+    assert cold.cost.cache_write_usd is not None and cold.cost.cache_write_usd < 0
