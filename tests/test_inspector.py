@@ -118,6 +118,8 @@ def test_every_page_reads_without_javascript(stack: Stack, compacted: dict[str, 
         assert f"<td>{fidelity['checked']}</td>" in page.text
         for dropped in c["dropped"]:
             assert html.escape(dropped["kind"]) in page.text
+        saved = done["cost"]["saved_tokens_per_turn"]
+        assert f"<dt>Cost</dt><dd>{saved:,} tokens saved per later turn" in page.text
 
         some = ids[c["start"] + 1]
         recalled = client.get(f"/ui/conversations/c-1/messages/{some}")

@@ -33,6 +33,7 @@ from worker.errors import ConfigError
 
 AutoCompactTrigger = Literal["off", "window_share_only", "thresholds"]
 CompactionMode = Literal["local_only", "prefer_remote", "remote_only"]
+CompactionPolicy = Literal["threshold", "cost"]
 ToolHint = Literal["keep", "strip", "strip-requests", "strip-responses", "omit"]
 
 M = TypeVar("M", bound=BaseModel)
@@ -88,6 +89,21 @@ class CompactionConfig(_Strict):
     file_part_tokens: int = Field(default=1500, ge=0)
     max_snapshot_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_messages: int = Field(default=50_000, ge=1)
+    # How the decision is made (docs/cost.md): "threshold" compacts over the threshold;
+    # "cost" compacts when the expected saving pays for the cache write and the summary call.
+    policy: CompactionPolicy = "threshold"
+    # Never rewrite a warm cached prefix for an expected net gain under this (US dollars).
+    cost_min_gain_usd: float = Field(default=0.01, ge=0.0)
+    # How many later turns a compaction's saving is counted over, at most.
+    cost_horizon_turns: int = Field(default=20, ge=1)
+    # "cost" compacts no earlier than this share of the threshold, and defers no later than
+    # this share of the context window (or, with no window known, 1.25 x the threshold).
+    cost_floor_percent: int = Field(default=50, ge=1, le=100)
+    cost_ceiling_percent: int = Field(default=90, ge=1, le=100)
+    # Idle-timed compaction (off: None): a conversation with no snapshot for this long and
+    # over idle_threshold_tokens is compacted by the scheduler.
+    idle_compact_after_s: float | None = Field(default=None, gt=0)
+    idle_threshold_tokens: int = Field(default=20_000, ge=0)
     # Review before apply: hold every compaction as ``compaction.proposed`` until it is
     # approved (docs/events.md). A snapshot may turn it on, never off; ``review_tenants``
     # (operator only) holds those of the named tenants' conversations.
@@ -101,6 +117,7 @@ class CompactionConfig(_Strict):
         return self.review or (bool(colon) and tenant in self.review_tenants)
 
     _none_ok = field_validator(
+        "idle_compact_after_s",
         "keep_recent_tool_results",
         "projected_tool_result_budget",
         "auto_compact_threshold_tokens",
@@ -135,6 +152,64 @@ class CompactionConfig(_Strict):
 
 def _share(context_window: int, percent: int) -> int:
     return context_window * min(percent, 100) // 100
+
+
+def duration_seconds(text: str) -> int:
+    """``"5m"`` -> 300, ``"1h"`` -> 3600, ``"30s"`` -> 30."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit():
+        raise ValueError(f"{text!r} is not a duration such as 30s, 5m or 1h")
+    return int(text[:-1]) * units[text[-1]]
+
+
+class ModelPrices(_Strict):
+    """One model's list prices in US dollars per million tokens (``[cost.models."NAME"]``):
+    input, cached input read, output, and cache write by cache TTL (``{"5m" = 3.75, "1h" =
+    6.0}``; empty: a write costs ``input``, as on OpenAI and Google's implicit caching).
+    ``cache_ttl``: how long the provider keeps a prefix cached (and which write price applies);
+    ``min_cacheable_tokens``: the shortest prefix it caches. ``source``: where the figures
+    come from."""
+
+    input: float = Field(ge=0)
+    cached_input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_write: dict[str, float] = Field(default_factory=dict)
+    cache_ttl: str = "5m"
+    min_cacheable_tokens: int = Field(default=1024, ge=0)
+    source: str = ""
+
+    @field_validator("cache_ttl")
+    @classmethod
+    def _ttl(cls, value: str) -> str:
+        duration_seconds(value)
+        return value
+
+    @field_validator("cache_write")
+    @classmethod
+    def _writes(cls, value: dict[str, float]) -> dict[str, float]:
+        for ttl, price in value.items():
+            duration_seconds(ttl)
+            if price < 0:
+                raise ValueError(f"cache_write.{ttl} must be >= 0")
+        return value
+
+    @property
+    def cache_ttl_s(self) -> int:
+        return duration_seconds(self.cache_ttl)
+
+    @property
+    def cache_write_price(self) -> float:
+        """Per million tokens written to the cache at ``cache_ttl``."""
+        return self.cache_write.get(self.cache_ttl, self.input)
+
+
+class CostConfig(_Strict):
+    """``[cost]``: prices for the cost model (docs/cost.md). ``models`` add to or replace the
+    built-in table by model name (a snapshot's model matches the longest name it starts with);
+    ``builtin_prices = false`` uses only them."""
+
+    models: dict[str, ModelPrices] = Field(default_factory=dict)
+    builtin_prices: bool = True
 
 
 class ToolConfig(_Strict):
@@ -273,6 +348,8 @@ class WorkerConfig(_Strict):
     # is recovered at the first run after its lease (redis.lock_lease_s) lapsed.
     reconcile_interval_s: float = Field(default=15.0, gt=0)
     reconcile_after_s: float = Field(default=45.0, gt=0)  # pending this long -> re-queued
+    # How often the scheduler looks for idle conversations ([compaction] idle_compact_after_s).
+    idle_scan_interval_s: float = Field(default=30.0, gt=0)
     log_format: Literal["json", "text"] = "json"
     # Per process: the last parsed snapshot of recent conversations, so a grown conversation's
     # next snapshot reuses the messages it shares with the last one. Counted by payload size;
@@ -369,6 +446,7 @@ class Settings(_Strict):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     webhooks: WebhooksConfig = Field(default_factory=WebhooksConfig)
     otel: OtelConfig = Field(default_factory=OtelConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
     source: str = "defaults"
     # Where each setting given by a source came from (dotted key -> the environment variable or
     # the file): what the commands say at start (origin_of).
@@ -437,6 +515,7 @@ _SECTIONS: dict[str, type[BaseModel]] = {
     "proxy": ProxyConfig,
     "webhooks": WebhooksConfig,
     "otel": OtelConfig,
+    "cost": CostConfig,
 }
 
 

@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from worker.api.conversations import Page
 from worker.core.inspection import CompactionView, Point, Section, Timeline
+from worker.wire.events import Cost
 
 UI = "/ui"
 
@@ -363,6 +364,21 @@ def _marker(p: Point, x: float, y_before: float, y_after: float) -> str:
 # --- one compaction -------------------------------------------------------------------------------
 
 
+def cost_line(cost: Cost | None) -> str:
+    """The ``cost`` object in a line (docs/cost.md): money where priced, tokens always."""
+    if cost is None:
+        return "not recorded (an event of an earlier version)"
+    saved = f"{cost.saved_tokens_per_turn:,} tokens saved per later turn"
+    if not cost.priced:
+        return f"{saved}; {cost.note or 'no prices'}"
+    even = "never" if cost.break_even_turns is None else f"{cost.break_even_turns} turns"
+    return (
+        f"{saved} (${cost.saving_per_turn_usd:.4f}); spent ${cost.summary_usd:.4f} summary, "
+        f"${cost.cache_write_usd:.4f} cache write; breaks even in {even}; expected net "
+        f"${cost.expected_net_usd:.4f} over {cost.horizon_turns} turns"
+    )
+
+
 def compaction_page(
     conversation_id: str, view: CompactionView, line: Timeline, frame: Frame
 ) -> str:
@@ -381,6 +397,7 @@ def compaction_page(
             f"{c.summary.source}, {c.summary.tokens:,} tokens"
             + (f"; fell back: {c.summary.fallback_reason}" if c.summary.fallback_reason else ""),
         ),
+        ("Cost", cost_line(event.cost)),
     ]
     status = ""
     if reverted:

@@ -28,15 +28,17 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:published:{event_id}`` | string flag | publish (NX) | ``stream_ttl_s`` (see below) |
 | ``cw:{conv}:announce`` | pub/sub channel | publish | none (not stored) |
 | ``cw:{conv}:requested`` | string (JSON) | compact_now | ``snapshot_ttl_s``; deleted when done |
+| ``cw:{conv}:activity`` | hash: ``f``, ``t`` submit times, ``n`` | submit | ``snapshot_ttl_s`` |
 | ``cw:{conv}:proxyrev`` | string (int counter) | the HTTP proxy (INCR) | ``stream_ttl_s`` |
 | ``cw:webhooks:{tenant}`` | hash id -> JSON | ``POST /v1/webhooks`` | until deleted |
 | ``cw:tenant:{tenant}:conversations`` | zset conv -> time | submit, publish | ``stream_ttl_s`` |
 | ``cw:ui:session:{digest}`` | string (JSON) | the inspector's login | 8 hours, or logout |
 | ``cw:recent`` | stream (all conversations) | publish (after the script) | MAXLEN 1000 |
 | ``cw:pending`` | zset conv -> submit time (*) | submit, publish, reconcile | until handled |
+| ``cw:idle`` | zset conv -> submit time | submit, idle scan | newest 100,000 (**) |
 | ``cw:metrics`` | hash of counters and histogram buckets | everyone | none (a fixed set) |
 
-**The global keys** (``cw:recent``, ``cw:pending``, ``cw:metrics``, and the per-tenant
+**The global keys** (``cw:recent``, ``cw:pending``, ``cw:idle``, ``cw:metrics``, and the per-tenant
 ``cw:tenant:{tenant}:conversations``, whose member is the internal id ``tenant:conv``) each live
 in some
 slot of their own, so no script or transaction that touches a conversation touches them: they
@@ -56,6 +58,9 @@ leaves nothing lost, only work the reconciler does once more:
   script said ``published``. A worker killed in between (microseconds) leaves the event in its
   conversation's stream but not in ``cw:recent`` (so no webhook) and its counters uncounted.
 
+(**) The idle scan takes out what it hands to an idle compaction, and drops entries older than
+``snapshot_ttl_s`` (their snapshot is gone); a submission puts a conversation back.
+
 (*) The reconciler moves a score it acts on: to now when it re-queues the conversation, and for a
 conversation whose lock lease is alive to the time at which that lease would lapse (minus
 ``reconcile_after_s``), so it is looked at again then and not on every run.
@@ -71,12 +76,14 @@ elided event keeps ``stream_ttl_s``.
 from __future__ import annotations
 
 __all__ = [
+    "IDLE",
     "LAYOUT",
     "METRICS",
     "PENDING",
     "PREFIX",
     "RECENT",
     "REJECTED_CONVERSATION",
+    "activity",
     "announce",
     "composed",
     "events",
@@ -176,6 +183,12 @@ def announce(conversation_id: str) -> str:
     return _conversation_key(conversation_id, "announce")
 
 
+def activity(conversation_id: str) -> str:
+    """The conversation's pace for the cost model (worker.core.cost): when its first and
+    newest snapshots were submitted, and how many there were."""
+    return _conversation_key(conversation_id, "activity")
+
+
 def proxy_revision(conversation_id: str) -> str:
     """The revision counter of the snapshots the HTTP proxy submits for a conversation."""
     return _conversation_key(conversation_id, "proxyrev")
@@ -189,6 +202,8 @@ def webhooks(tenant: str) -> str:
 RECENT = f"{PREFIX}recent"
 PENDING = f"{PREFIX}pending"
 METRICS = f"{PREFIX}metrics"
+# Conversations by the time of their newest snapshot: what the idle compaction scans.
+IDLE = f"{PREFIX}idle"
 
 
 def tenant_conversations(tenant: str) -> str:

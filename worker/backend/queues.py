@@ -55,6 +55,8 @@ SUMMARIZE_TASK = "compactor.summarize"
 COMPACT_TASK = "compactor.compact"
 PRUNE_TASK = "compactor.prune"
 RECONCILE_TASK = "compactor.reconcile"
+IDLE_SCAN_TASK = "compactor.idle_scan"  # finds idle conversations (maintenance queue)
+IDLE_COMPACT_TASK = "compactor.idle_compact"  # compacts one of them (summarize queue)
 
 DEFAULT_BROKER = DEFAULT_REDIS_URL
 

@@ -34,6 +34,7 @@ from redis.retry import Retry
 from worker.backend import keys
 from worker.backend.redis_target import DEFAULT_REDIS_URL, RedisTarget, parse_redis_url
 from worker.config import RedisConfig, Settings, redis_url
+from worker.core.cost import Activity
 from worker.errors import (
     ConfigError,
     LeaseLost,
@@ -65,6 +66,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 RECENT_MAXLEN = 1000
+IDLE_INDEX_MAX = 100_000  # conversations kept in cw:idle (the newest by submit time)
 TENANT_INDEX_MAX = 10_000  # conversations kept in a tenant's index (the newest by activity)
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
 
@@ -480,17 +482,24 @@ redis.call('PUBLISH', ARGV[7], ARGV[4])
 return {'reverted', id}
 """
 
+# ARGV[2] == '1': the work of an idle compaction, whose revision has an outcome already (a
+# skip under the threshold): read it all the same, unless a newer revision waits (the normal
+# path has it) or none exists; KEYS[1] is then left alone.
 _TAKE = """
-redis.call('DEL', KEYS[1])
 local latest = redis.call('GET', KEYS[2])
 local handled = redis.call('GET', KEYS[3]) or '-1'
-if not latest or tonumber(latest) <= tonumber(handled) then return {latest or false, handled} end
+local idle = ARGV[2] == '1'
+if not idle then redis.call('DEL', KEYS[1]) end
+if not latest or (tonumber(latest) <= tonumber(handled)) ~= idle then
+  return {latest or false, handled}
+end
 local payload = redis.call('GET', KEYS[6])
 local digest = redis.call('HGET', KEYS[5], 'd')
 local memo = false
 if digest and digest ~= ARGV[1] then memo = redis.call('HGET', KEYS[5], 'b') end
 return {latest, handled, payload or false, redis.call('LRANGE', KEYS[4], 0, -1), digest or false,
-        memo, redis.call('GET', KEYS[7]) or false, redis.call('EXISTS', KEYS[8])}
+        memo, redis.call('GET', KEYS[7]) or false, redis.call('EXISTS', KEYS[8]),
+        redis.call('HMGET', KEYS[9], 'n', 'f', 't')}
 """
 
 # Takes the lock unless another worker holds it or (ARGV[3], when given) that revision has an
@@ -607,6 +616,8 @@ class Work:
     composed: ComposedCompaction | None = None
     # A compaction is held for review (cw:{conv}:proposal): none other is made meanwhile.
     held: bool = False
+    # The conversation's pace (cw:{conv}:activity): snapshots, first and newest submit time.
+    activity: Activity | None = None
 
     @property
     def pending(self) -> bool:
@@ -657,9 +668,23 @@ class RedisState:
             pipe = self.client.pipeline(transaction=False)
             if _text(status) != "superseded":
                 pipe.zadd(keys.PENDING, {conversation_id: now}, nx=True)
+                self._note_activity(pipe, conversation_id, now)
             self._touch_tenant(pipe, conversation_id, now)
             pipe.execute()
         return SubmitResult(status=_text(status), revision=int(rev))  # type: ignore[arg-type]
+
+    def _note_activity(self, pipe: Any, conversation_id: str, now: float) -> None:
+        """Queue on ``pipe``: the conversation's pace (``cw:{conv}:activity``, for the cost
+        model) and its place in ``cw:idle`` (for idle compaction). Outside the submit script,
+        which programs in other languages run as documented: without these a conversation is
+        only priced as of unknown pace and never idle-compacted."""
+        activity = keys.activity(conversation_id)
+        pipe.hsetnx(activity, "f", now)
+        pipe.hset(activity, "t", now)
+        pipe.hincrby(activity, "n", 1)
+        pipe.expire(activity, self.config.snapshot_ttl_s)
+        pipe.zadd(keys.IDLE, {conversation_id: now})
+        pipe.zremrangebyrank(keys.IDLE, 0, -IDLE_INDEX_MAX - 1)
 
     def unqueue(self, conversation_id: str, revision: int) -> bool:
         """Clear the queued flag that ``store_snapshot`` set for ``revision`` (its task could
@@ -668,10 +693,13 @@ class RedisState:
             cleared = self._unqueue(keys=[keys.queued(conversation_id)], args=[revision])
         return bool(cleared)
 
-    def take_work(self, conversation_id: str, *, known_memo: str = "") -> Work:
+    def take_work(self, conversation_id: str, *, known_memo: str = "", idle: bool = False) -> Work:
         """In one round trip: clear the queued flag (later submissions enqueue afresh), and read
-        the newest and handled revisions, the newest snapshot, the recent compactions and the
-        evaluation memo (its bytes only when its digest is not ``known_memo``)."""
+        the newest and handled revisions, the newest snapshot, the recent compactions, the
+        evaluation memo (its bytes only when its digest is not ``known_memo``) and the
+        conversation's pace. ``idle``: the work of an idle compaction, whose newest revision
+        has an outcome already (then no work when one is still pending, and the queued flag
+        is left as it is)."""
         with redis_errors("reading the conversation's work"):
             reply = self._take(
                 keys=[
@@ -683,8 +711,9 @@ class RedisState:
                     keys.snapshot(conversation_id),
                     keys.composed(conversation_id),
                     keys.proposal(conversation_id),
+                    keys.activity(conversation_id),
                 ],
-                args=[known_memo],
+                args=[known_memo, "1" if idle else ""],
             )
         latest = int(reply[0]) if reply[0] else None
         handled = int(reply[1])
@@ -701,6 +730,7 @@ class RedisState:
             memo=reply[5] or None,
             composed=_composed(reply[6], compactions),
             held=len(reply) > 7 and bool(reply[7]),
+            activity=_activity(reply[8]) if len(reply) > 8 else None,
         )
 
     # --- compactions on demand -----------------------------------------------------------------
@@ -1131,6 +1161,31 @@ class RedisState:
             )
         return [_text(m) for m in members]
 
+    def take_idle(self, idle_since: float, limit: int = 500) -> list[str]:
+        """The conversations whose newest snapshot came before ``idle_since`` (seconds since
+        the epoch), oldest first, at most ``limit``, taken out of ``cw:idle`` (a later
+        submission puts a conversation back); entries older than the snapshots' lifetime are
+        dropped first (their snapshot is gone)."""
+        expired = time.time() - self.config.snapshot_ttl_s
+        with redis_errors("reading idle conversations"):
+            self.client.zremrangebyscore(keys.IDLE, "-inf", expired)
+            found = self.client.zrangebyscore(keys.IDLE, "-inf", idle_since, start=0, num=limit)
+            if not found:
+                return []
+            # Only those still as old: a submission may have moved one meanwhile.
+            pipe = self.client.pipeline(transaction=False)
+            for member in found:
+                pipe.zscore(keys.IDLE, member)
+            scores = pipe.execute()
+            taken = [
+                _text(m)
+                for m, sc in zip(found, scores, strict=True)
+                if sc is not None and sc <= idle_since
+            ]
+            if taken:
+                self.client.zrem(keys.IDLE, *taken)
+        return taken
+
     def settle_pending(self, conversation_id: str, revision: int | None) -> None:
         """Stop reconciling the conversation: its ``revision`` has a final outcome (or, with
         None, its snapshot expired) and nothing newer was submitted meanwhile."""
@@ -1202,6 +1257,14 @@ def _composed(stored: bytes | None, compactions: list[CompletedEvent]) -> Compos
     if compactions and compactions[-1].event_id != composed.event_id:
         return None
     return composed
+
+
+def _activity(fields: list[Any]) -> Activity | None:
+    """``cw:{conv}:activity``'s ``n``, ``f``, ``t`` as the cost model's pace; None if absent."""
+    count, first, last = fields
+    if count is None or first is None or last is None:
+        return None
+    return Activity(snapshots=int(count), first_at=float(first), last_at=float(last))
 
 
 def _tenant_of(conversation_id: str) -> str | None:

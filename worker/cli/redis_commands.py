@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from worker.cli.common import say_start, say_start_if_asked, settings_of
 from worker.config import (
@@ -129,6 +130,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "missing_kinds": missing,
             "queues_without_consumer": [q for q in QUEUES if q not in consumed],
             "counters": counters,
+            "cost": cost_totals(counters),
             "recent_events": [
                 {k: e.get(k) for k in ("type", "conversation_id", "revision", "created_at")}
                 for e in state.recent_events(args.recent)
@@ -145,6 +147,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         app.close()
         state.client.close()
+
+
+def cost_totals(counters: dict[str, float]) -> dict[str, Any]:
+    """What compactions spent and are expected to save, in total and per tenant (docs/cost.md)."""
+    from worker.ops.metrics import TENANT_SEPARATOR
+
+    names = {
+        "cost_spent_usd_total": "spent_usd",
+        "cost_saved_usd_total": "saved_usd",
+        "cost_saved_tokens_total": "saved_tokens_per_turn",
+        "cost_unpriced_total": "unpriced_compactions",
+    }
+    totals: dict[str, Any] = {shown: counters.get(name, 0.0) for name, shown in names.items()}
+    tenants: dict[str, dict[str, float]] = {}
+    for key, value in counters.items():
+        name, sep, tenant = key.partition(TENANT_SEPARATOR)
+        if sep and name in names:
+            tenants.setdefault(tenant, {})[names[name]] = value
+    totals["per_tenant"] = dict(sorted(tenants.items()))
+    return totals
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

@@ -32,17 +32,56 @@ _HELP = {
     "texts_tokenized_total": "Texts an evaluation had to tokenize (in no cache or memo).",
     "tool_results_compressed_total": "Tool results an evaluation had to try to compress.",
     "tokens_saved_total": "Projected tokens the published compactions took off (before - after).",
+    # --- the cost model (docs/cost.md): per tenant too, as NAME:tenant:TENANT fields ---
+    "cost_spent_usd_total": "US dollars compactions spent: summary calls and cache writes.",
+    "cost_saved_usd_total": "US dollars compactions are expected to save over their horizon.",
+    "cost_saved_tokens_total": "Tokens per later turn the published compactions saved.",
+    "cost_unpriced_total": "Completed compactions of models without prices (tokens only).",
 }
+TENANT_SEPARATOR = ":tenant:"
+
+
+def cost_counters(
+    spent_usd: float | None,
+    saved_usd: float | None,
+    saved_tokens: int,
+    tenant: str | None,
+) -> dict[str, float]:
+    """The cost counters of one compaction, as a total and, with a ``tenant``, per tenant."""
+    counters = {"cost_saved_tokens_total": float(saved_tokens)}
+    if spent_usd is None or saved_usd is None:
+        counters["cost_unpriced_total"] = 1.0
+    else:
+        counters["cost_spent_usd_total"] = spent_usd
+        counters["cost_saved_usd_total"] = saved_usd
+    if tenant:
+        counters |= {f"{k}{TENANT_SEPARATOR}{tenant}": v for k, v in list(counters.items())}
+    return counters
+
+
+def _labelled(name: str) -> tuple[str, str]:
+    """``cost_spent_usd_total:tenant:acme`` -> (``cost_spent_usd_total``, ``{tenant="acme"}``)."""
+    base, sep, tenant = name.partition(TENANT_SEPARATOR)
+    if not sep:
+        return name, ""
+    escaped = tenant.replace("\\", "\\\\").replace('"', '\\"')
+    return base, f'{{tenant="{escaped}"}}'
 
 
 def render_prometheus(counters: dict[str, float], queues: dict[str, int]) -> str:
     counters, histograms = _split_histograms(counters)
     lines = []
-    for name in sorted(set(_HELP) | set(counters)):
+    labelled: dict[str, list[str]] = {}
+    for name, value in counters.items():
+        base, labels = _labelled(name)
+        if labels:
+            labelled.setdefault(base, []).append(f"compactor_{base}{labels} {value:g}")
+    for name in sorted(set(_HELP) | {n for n in counters if TENANT_SEPARATOR not in n}):
         metric = f"compactor_{name}"
         lines.append(f"# HELP {metric} {_HELP.get(name, name)}")
         lines.append(f"# TYPE {metric} counter")
         lines.append(f"{metric} {counters.get(name, 0.0):g}")
+        lines.extend(sorted(labelled.get(name, [])))
     lines.append("# HELP compactor_queue_length Messages waiting per queue.")
     lines.append("# TYPE compactor_queue_length gauge")
     for queue, length in sorted(queues.items()):

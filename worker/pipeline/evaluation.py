@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
+from worker.core.cost import Activity, CostDecision
 from worker.core.projection import (
     REPLY_PRIMING_TOKENS,
     CountedProjection,
@@ -53,6 +54,9 @@ class Evaluation:
     # A compaction someone asked for: its request, and the SHA-256 of its instructions.
     request_id: str | None = None
     instructions_sha256: str | None = None
+    # The conversation's pace (worker.core.cost), and the cost policy's verdict when it decided.
+    activity: Activity | None = None
+    decision: CostDecision | None = None
 
     @property
     def projection(self) -> Projection:
@@ -81,6 +85,13 @@ class Evaluation:
             request_id=request_id,
             instructions_sha256=instructions_sha256,
         )
+
+    @property
+    def should_compact(self) -> bool:
+        """The decision: the cost policy's when it decided, else over the threshold."""
+        if self.decision is not None:
+            return self.decision.compact
+        return self.over_threshold
 
     def trigger(self) -> Trigger:
         return Trigger(

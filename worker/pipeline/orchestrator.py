@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from worker.config import Settings
+from worker.core.cost import Activity, decide
 from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
 from worker.ops.tracing import Telemetry
 from worker.pipeline.context import SnapshotContext, snapshot_context
+from worker.pipeline.costing import activity_of, estimated_cost, measured_cost, uses_llm
 from worker.pipeline.describe import build_compaction, transcript_payload
 from worker.pipeline.evaluation import Evaluation, evaluate
 from worker.pipeline.memo import MemoUpdate, StoredBlob, evaluate_with_memo
@@ -65,7 +67,8 @@ class Verdict:
 
     @property
     def over_threshold(self) -> bool:
-        return self.evaluation.over_threshold
+        """Whether it is to be compacted (over the threshold, or as the cost policy decided)."""
+        return self.evaluation.should_compact
 
 
 class Pipeline:
@@ -156,10 +159,14 @@ class Pipeline:
         *,
         memo: StoredBlob | None = None,
         with_memo: bool = False,
+        activity: Activity | None = None,
+        idle: bool = False,
     ) -> Verdict:
         """Project, count, decide, describe. ``with_memo``: first preload the conversation's
         stored ``memo`` (what earlier evaluations computed, on any process), and say in the
-        verdict which memo to store now."""
+        verdict which memo to store now. ``activity``: the conversation's pace as stored (for
+        the cost model); ``idle``: decide against ``idle_threshold_tokens`` (the scheduler's
+        idle compaction) instead of the threshold."""
         context = self._context(snapshot)
         recent = self.reuse.recent
         conversation_id = context.conversation_id
@@ -172,13 +179,25 @@ class Pipeline:
             evaluation = evaluate(context, prior)
         recent.remember_counted(conversation_id, evaluation.counted)
         now = self.adapters.now()
+        evaluation = self._decided(context, evaluation, activity_of(context, activity, now), idle)
         elided = None
         if evaluation.projection.elided:
             elided = elided_event(
                 conversation_id, context.revision, now, elided=evaluation.projection.elided
             )
         skipped = None
-        if not evaluation.over_threshold:
+        decision = evaluation.decision
+        if decision is not None and not decision.compact:
+            skipped = skipped_event(
+                conversation_id,
+                context.revision,
+                now,
+                why="cost",
+                reason=f"cost policy: {decision.reason}",
+                trigger=evaluation.trigger(),
+                cost=decision.cost,
+            )
+        elif not evaluation.should_compact:
             reason = (
                 "auto-compaction is off"
                 if evaluation.threshold is None
@@ -188,11 +207,35 @@ class Pipeline:
                 conversation_id,
                 context.revision,
                 now,
-                why="below",
+                why="idle" if idle else "below",
                 reason=reason,
                 trigger=evaluation.trigger(),
             )
         return Verdict(evaluation=evaluation, elided=elided, skipped=skipped, memo=update)
+
+    def _decided(
+        self, context: SnapshotContext, evaluation: Evaluation, activity: Activity, idle: bool
+    ) -> Evaluation:
+        """The evaluation with its pace, and decided as the settings say: against the idle
+        threshold, by the cost policy, or (untouched) by the threshold."""
+        config = context.config
+        evaluation = replace(evaluation, activity=activity)
+        if idle:
+            return replace(evaluation, threshold=config.idle_threshold_tokens, trigger_kind="idle")
+        if config.policy != "cost" or evaluation.threshold is None:
+            return evaluation
+        cost = estimated_cost(context, evaluation, activity, has_llm=self._has_llm(context))
+        decision = decide(
+            cost,
+            evaluation.projected_tokens,
+            evaluation.threshold,
+            evaluation.context_window,
+            config,
+        )
+        return replace(evaluation, decision=decision, trigger_kind="cost")
+
+    def _has_llm(self, context: SnapshotContext) -> bool:
+        return uses_llm(context, self.adapters.llm is not None)
 
     # --- compact and describe ----------------------------------------------------------------
 
@@ -282,6 +325,14 @@ class Pipeline:
             )
             return _of_request(failed, exc.code, request_id)
         _enforce_retention(store, parsed, ref.uri)
+        decision = evaluation.decision
+        cost = measured_cost(
+            context,
+            compaction,
+            prepared.request.source_tokens,
+            evaluation.activity or activity_of(context, None, now()),
+            decision=decision.reason if decision is not None else None,
+        )
         return completed_event(
             parsed.conversation_id,
             parsed.revision,
@@ -289,6 +340,7 @@ class Pipeline:
             event_id=prepared.event_id,
             trigger=trigger,
             compaction=compaction.model_copy(update={"transcript": ref}),
+            cost=cost,
         )
 
     def compact_requested(

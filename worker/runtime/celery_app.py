@@ -43,6 +43,8 @@ from worker.backend.queues import (
     COMPACT_TASK,
     EVALUATE_QUEUE,
     EVALUATE_TASK,
+    IDLE_COMPACT_TASK,
+    IDLE_SCAN_TASK,
     MAINTENANCE_QUEUE,
     PRUNE_TASK,
     QUEUES,
@@ -122,7 +124,6 @@ def rabbitmq_transport(settings: Settings, url: str) -> dict[str, Any]:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    w = settings.worker
     url = broker_url(settings)
     transport = (
         rabbitmq_transport(settings, url)
@@ -154,11 +155,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             COMPACT_TASK: {"queue": SUMMARIZE_QUEUE},
             PRUNE_TASK: {"queue": MAINTENANCE_QUEUE},
             RECONCILE_TASK: {"queue": MAINTENANCE_QUEUE},
+            IDLE_SCAN_TASK: {"queue": MAINTENANCE_QUEUE},
+            IDLE_COMPACT_TASK: {"queue": SUMMARIZE_QUEUE},
         },
-        "beat_schedule": {
-            "prune-transcripts": {"task": PRUNE_TASK, "schedule": w.prune_interval_s},
-            "reconcile-pending": {"task": RECONCILE_TASK, "schedule": w.reconcile_interval_s},
-        },
+        "beat_schedule": _beat_schedule(settings),
         "worker_send_task_events": True,
         "task_send_sent_event": False,
     }
@@ -166,6 +166,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     if tls is not None:
         config["broker_use_ssl"] = tls
     return config
+
+
+def _beat_schedule(settings: Settings) -> dict[str, Any]:
+    """The scheduler's periodic tasks; the idle scan only when idle compaction is on."""
+    w = settings.worker
+    schedule: dict[str, Any] = {
+        "prune-transcripts": {"task": PRUNE_TASK, "schedule": w.prune_interval_s},
+        "reconcile-pending": {"task": RECONCILE_TASK, "schedule": w.reconcile_interval_s},
+    }
+    if settings.compaction.idle_compact_after_s is not None:
+        schedule["idle-compaction"] = {"task": IDLE_SCAN_TASK, "schedule": w.idle_scan_interval_s}
+    return schedule
 
 
 def wake_when_ready(hub: Any) -> bool:

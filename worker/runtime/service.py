@@ -28,13 +28,16 @@ from typing import Literal
 from worker.backend.redis_state import RedisState, RequestedWork, Work
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost
+from worker.ops.metrics import cost_counters
 from worker.ops.tracing import AttributeValue, Stage, Telemetry
 from worker.pipeline import Pipeline, StoredBlob, Verdict
+from worker.pipeline.context import SnapshotContext
 from worker.transcripts import prune_by_settings
 from worker.wire.composed import ComposedCompaction, HeldProposal, compose
 from worker.wire.events import (
     CompactionEvent,
     CompletedEvent,
+    Cost,
     FailedEvent,
     proposed_event,
     rejected_event,
@@ -78,6 +81,9 @@ class Service:
     def telemetry(self) -> Telemetry:
         """The process's telemetry, the pipeline's: spans and the stages' timings."""
         return self.pipeline.adapters.telemetry
+
+    # (conversation): an idle compaction; None: the idle scan compacts in its own task.
+    enqueue_idle: Callable[[str], None] | None = None
 
     # --- evaluate ----------------------------------------------------------------------------
 
@@ -125,7 +131,9 @@ class Service:
         if parsed is None:
             return "expired" if work.payload is None else "rejected"
         stored = StoredBlob(work.memo_digest, work.memo) if work.memo_digest else None
-        verdict = self.pipeline.evaluate(parsed, memo=stored, with_memo=True)
+        verdict = self.pipeline.evaluate(
+            parsed, memo=stored, with_memo=True, activity=work.activity
+        )
         stage.set(_evaluation_attributes(parsed, verdict))
         memo = verdict.memo
         assert memo is not None
@@ -298,7 +306,7 @@ class Service:
         if parsed is None:
             return "expired" if work.payload is None else "rejected"
         context = self.pipeline.context(parsed)  # one tokenizer and policy for both steps
-        verdict = self.pipeline.evaluate(context)
+        verdict = self.pipeline.evaluate(context, activity=work.activity)
         stage.set(_evaluation_attributes(parsed, verdict))
         if verdict.skipped is not None:  # an earlier compaction already brought it under
             with self._publishing(verdict.skipped, timings):
@@ -315,6 +323,24 @@ class Service:
             )
             self.state.publish(held, fencing_token=token, handled_revision=latest)
             return "skipped"
+        return self._publish_compaction(
+            conversation_id, token, lease_lost, work, context, verdict, stage, timings
+        )
+
+    def _publish_compaction(
+        self,
+        conversation_id: str,
+        token: str,
+        lease_lost: Callable[[], bool],
+        work: Work,
+        context: SnapshotContext,
+        verdict: Verdict,
+        stage: Stage,
+        timings: dict[str, float],
+    ) -> Outcome:
+        """Compact the evaluated snapshot and publish the outcome under the fencing token."""
+        latest = work.latest
+        parsed = context.parsed
         started = time.monotonic()
         event = self.pipeline.compact(
             context,
@@ -402,6 +428,65 @@ class Service:
             log.warning("lease lost on %s; not publishing", conversation_id)
             self.state.incr("leases_lost_total")
             self.enqueue_compact(conversation_id, 0.0)
+            return "lease_lost"
+        finally:
+            self.state.release_lock(conversation_id, token)
+            if self.state.take_rerun(conversation_id):
+                self.enqueue_evaluate(conversation_id)
+
+    # --- idle compaction ---------------------------------------------------------------------
+
+    def idle_scan(self) -> list[str]:
+        """Hand every conversation idle for ``idle_compact_after_s`` (no snapshot since) to an
+        idle compaction; returns them. Off (nothing) when the setting is unset."""
+        after_s = self.settings.compaction.idle_compact_after_s
+        if after_s is None:
+            return []
+        found = self.state.take_idle(time.time() - after_s)
+        for conversation_id in found:
+            if self.enqueue_idle is not None:
+                self.enqueue_idle(conversation_id)
+            else:
+                self.compact_idle(conversation_id)
+        return found
+
+    def compact_idle(self, conversation_id: str) -> Outcome:
+        """Compact an idle conversation's newest snapshot, already evaluated, when it is over
+        ``idle_threshold_tokens``: trigger kind ``idle``. Nothing is published under it (its
+        evaluation already published the skip), nor while a newer snapshot waits or another
+        worker holds the conversation: the normal path has it. A trace of its own."""
+        timings: dict[str, float] = {}
+        try:
+            with self.telemetry.stage(
+                "compact",
+                kind="consumer",
+                attributes={"gen_ai.conversation.id": conversation_id, "compactor.idle": True},
+                into=timings,
+            ) as stage:
+                outcome = self._compact_idle(conversation_id, stage, timings)
+                stage.set({"compactor.outcome": outcome})
+                return outcome
+        finally:
+            self._add_timings(timings)
+
+    def _compact_idle(
+        self, conversation_id: str, stage: Stage, timings: dict[str, float]
+    ) -> Outcome:
+        lease_s = self.settings.redis.lock_lease_s
+        claim = self.state.acquire_lock(conversation_id, lease_s)
+        if claim.token is None:
+            return "deferred"
+        token = claim.token
+        try:
+            with self.state.lease(conversation_id, token, lease_s) as lost:
+                return self._compact_idle_locked(
+                    conversation_id, token, lost.is_set, stage, timings
+                )
+        except LeaseLost:
+            log.warning(
+                "lease lost on %s during an idle compaction; not publishing", conversation_id
+            )
+            self.state.incr("leases_lost_total")
             return "lease_lost"
         finally:
             self.state.release_lock(conversation_id, token)
@@ -505,6 +590,28 @@ class Service:
         )
         return "duplicate" if status == "duplicate" else "proposed"
 
+    def _compact_idle_locked(
+        self,
+        conversation_id: str,
+        token: str,
+        lease_lost: Callable[[], bool],
+        stage: Stage,
+        timings: dict[str, float],
+    ) -> Outcome:
+        work = self.state.take_work(conversation_id, idle=True)
+        if work.latest is None or work.payload is None:
+            return "superseded" if work.pending else "expired"
+        parsed = self._parse(conversation_id, work)
+        if parsed is None:
+            return "rejected"
+        context = self.pipeline.context(parsed)
+        verdict = self.pipeline.evaluate(context, activity=work.activity, idle=True)
+        if verdict.skipped is not None:
+            return "skipped"
+        return self._publish_compaction(
+            conversation_id, token, lease_lost, work, context, verdict, stage, timings
+        )
+
     # --- housekeeping ------------------------------------------------------------------------
 
     def reconcile(self) -> list[str]:
@@ -563,6 +670,18 @@ def _outcome_attributes(event: CompactionEvent) -> dict[str, AttributeValue | No
     }
 
 
+def _cost_counters(cost: Cost, conversation_id: str) -> dict[str, float]:
+    """Spent: the summary call and the cache write beyond what the next turn paid anyway;
+    saved: the expected saving over the horizon, and the first turn's when it was cheaper."""
+    spent = saved = None
+    if cost.priced and cost.summary_usd is not None and cost.cache_write_usd is not None:
+        per_turn = cost.saving_per_turn_usd or 0.0
+        spent = cost.summary_usd + max(cost.cache_write_usd, 0.0)
+        saved = per_turn * cost.horizon_turns + max(-cost.cache_write_usd, 0.0)
+    tenant, colon, _ = conversation_id.partition(":")
+    return cost_counters(spent, saved, cost.saved_tokens_per_turn, tenant if colon else None)
+
+
 def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
     """The metric increments a compaction's outcome event carries."""
     counters = {f"compactions_{event.type.split('.')[1]}_total": 1.0}
@@ -576,6 +695,8 @@ def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
             counters["llm_seconds_total"] = seconds
         if c.summary.fallback_reason:
             counters["llm_fallbacks_total"] = 1.0
+        if event.cost is not None:
+            counters |= _cost_counters(event.cost, event.conversation_id)
     if isinstance(event, FailedEvent) and event.error.code.startswith("llm"):
         counters["llm_failures_total"] = 1.0
     return counters

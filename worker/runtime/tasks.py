@@ -66,6 +66,7 @@ def _build(settings: Settings) -> Service:
         enqueue_compact=lambda conv, delay_s: compact.apply_async(
             args=[conv], queue=SUMMARIZE_QUEUE, countdown=delay_s or None
         ),
+        enqueue_idle=lambda conv: idle_compact.apply_async(args=[conv], queue=SUMMARIZE_QUEUE),
     )
 
 
@@ -156,3 +157,24 @@ def reconcile(self: Task) -> int:
     if stale:
         log.warning("re-queued stale conversations", extra={"count": len(stale)})
     return len(stale)
+
+
+@app.task(name="compactor.idle_scan", bind=True, **_RETRY)
+def idle_scan(self: Task) -> int:
+    found = service().idle_scan()
+    if found:
+        log.info("idle conversations handed to compaction", extra={"count": len(found)})
+    return len(found)
+
+
+@app.task(
+    name="compactor.idle_compact",
+    bind=True,
+    time_limit=_LIMITS.summarize_time_limit_s,
+    soft_time_limit=_LIMITS.summarize_time_limit_s * 0.9,
+    **_RETRY,
+)
+def idle_compact(self: Task, conversation_id: str) -> str:
+    outcome = service().compact_idle(conversation_id)
+    log.info("idle compaction", extra={"conversation_id": conversation_id, "outcome": outcome})
+    return outcome

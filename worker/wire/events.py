@@ -189,6 +189,58 @@ class ElidedResult(_Published):
     bytes_after: int
 
 
+class CostPrices(_Published):
+    """The prices a ``cost`` object used, US dollars per million tokens, and where they come
+    from (``builtin``: the table of docs/cost.md; ``config``: ``[cost.models."NAME"]``)."""
+
+    model: str
+    input: float
+    cached_input: float
+    cache_write: float
+    output: float
+    cache_ttl_s: int
+    min_cacheable_tokens: int
+    origin: str
+    source: str = ""
+
+
+class Cost(_Published):
+    """What a compaction costs and saves (docs/cost.md): tokens always; US dollars only where
+    the conversation's model has prices (``priced``; ``note`` says why not).
+
+    ``cache_write_tokens``: the prefix the next request writes to the provider's cache after
+    the compaction; ``saved_tokens_per_turn``: how much shorter each later request is.
+    ``cache_warm``: whether the provider's cache would still hold the prefix at the next
+    request (from the conversation's own turn rate; None: unknown, assumed warm).
+    ``summary_usd``: the summary call (0 for the offline digest); ``cache_write_usd``: the cache
+    write the compaction causes beyond what the next request would pay without it;
+    ``saving_per_turn_usd``: what each later turn saves; ``break_even_turns``: later turns
+    until the saving pays for both (None: never); ``expected_net_usd``: the saving over
+    ``horizon_turns`` minus both costs. ``decision``: what the cost policy concluded, when it
+    decided."""
+
+    policy: str = "threshold"
+    priced: bool = False
+    note: str | None = None
+    tokens_before: int
+    tokens_after: int
+    saved_tokens_per_turn: int
+    cache_write_tokens: int
+    summary_input_tokens: int = 0
+    summary_output_tokens: int = 0
+    horizon_turns: int = 0
+    turn_interval_s: float | None = None
+    cache_warm: bool | None = None
+    summary_usd: float | None = None
+    cache_write_usd: float | None = None
+    saving_per_turn_usd: float | None = None
+    break_even_turns: int | None = None
+    expected_net_usd: float | None = None
+    decision: str | None = None
+    prices: CostPrices | None = None
+    summary_prices: CostPrices | None = None
+
+
 class EventError(_Published):
     """Why a compaction failed or a snapshot was rejected: a stable ``code``, a message, and
     for rejections the dotted ``field``."""
@@ -221,6 +273,7 @@ class CompletedEvent(_Event):
     compaction: Compaction
     proposal_event_id: str | None = None
     approved_by: str | None = None
+    cost: Cost | None = None  # None only in events of versions before it existed
 
 
 class ProposedEvent(_Event):
@@ -232,6 +285,7 @@ class ProposedEvent(_Event):
     type: Literal["compaction.proposed"] = "compaction.proposed"
     trigger: Trigger
     compaction: Compaction
+    cost: Cost | None = None
 
 
 class DeclinedEvent(_Event):
@@ -253,6 +307,7 @@ class SkippedEvent(_Event):
     type: Literal["compaction.skipped"] = "compaction.skipped"
     trigger: Trigger | None = None
     reason: str
+    cost: Cost | None = None  # set when the cost policy decided the skip
 
 
 class FailedEvent(_Event):
@@ -380,6 +435,7 @@ def skipped_event(
     why: str,
     reason: str,
     trigger: Trigger | None,
+    cost: Cost | None = None,
 ) -> SkippedEvent:
     """``why`` tells apart skips of the same revision (it is part of the event id)."""
     return SkippedEvent(
@@ -389,6 +445,7 @@ def skipped_event(
         created_at=now,
         trigger=trigger,
         reason=reason,
+        cost=cost,
     )
 
 
@@ -452,6 +509,7 @@ def completed_event(
     event_id: str,
     trigger: Trigger,
     compaction: Compaction,
+    cost: Cost | None = None,
 ) -> CompletedEvent:
     return CompletedEvent(
         event_id=event_id,
@@ -460,6 +518,7 @@ def completed_event(
         created_at=now,
         trigger=trigger,
         compaction=compaction,
+        cost=cost,
     )
 
 
@@ -492,6 +551,7 @@ def proposed_event(completed: CompletedEvent) -> ProposedEvent:
         created_at=completed.created_at,
         trigger=completed.trigger,
         compaction=completed.compaction,
+        cost=completed.cost,
     )
 
 
@@ -515,6 +575,7 @@ def approved_event(
         compaction=compaction,
         proposal_event_id=proposal.event_id,
         approved_by=by,
+        cost=proposal.cost,
     )
 
 

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from worker.wire.media import Attachment
 
@@ -74,12 +74,27 @@ class ModelInfo(BaseModel):
 
 class Usage(BaseModel):
     """The provider-reported usage of the agent's last request, which held the first
-    ``message_count`` messages of this snapshot (docs/snapshot.md, "Usage")."""
+    ``message_count`` messages of this snapshot (docs/snapshot.md, "Usage"): all its input
+    tokens, of which ``cached_input_tokens`` were read from the provider's prompt cache and
+    ``cache_creation_input_tokens`` written to it; ``requested_at``: when it was sent."""
 
     model_config = ConfigDict(extra="forbid")
 
     input_tokens: StrictInt = Field(ge=0, le=MAX_REVISION)
     message_count: StrictInt = Field(ge=1, le=MAX_REVISION)
+    cached_input_tokens: StrictInt | None = Field(default=None, ge=0, le=MAX_REVISION)
+    cache_creation_input_tokens: StrictInt | None = Field(default=None, ge=0, le=MAX_REVISION)
+    requested_at: AwareDatetime | None = None
+
+    @model_validator(mode="after")
+    def _cache_within_input(self) -> Usage:
+        cached = (self.cached_input_tokens or 0) + (self.cache_creation_input_tokens or 0)
+        if cached > self.input_tokens:
+            raise ValueError(
+                "cached_input_tokens + cache_creation_input_tokens exceed input_tokens "
+                "(input_tokens counts every input token of the request, cached ones included)"
+            )
+        return self
 
 
 class Snapshot(BaseModel):
