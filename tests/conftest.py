@@ -13,6 +13,21 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The support modules' fixtures, registered once for the whole suite. A test module that imported
+# a fixture instead (``from service_support import redis_server``) got its own copy of it, so a
+# "session" fixture (a Redis, a RabbitMQ vhost, the S3 server, a PostgreSQL database) was started
+# once per importing module in each xdist process. Test modules import only plain helpers.
+# Listed so that a module comes after those it imports (each must be registered, so that its
+# asserts are rewritten, before another support module imports it).
+pytest_plugins = [
+    "service_support",
+    "cluster_support",
+    "http_support",
+    "store_support",
+    "fault_support",
+    "follower_support",
+]
 CORPUS_ENV = "COMPACTOR_CORPUS_DIR"
 
 # Shared, noisy machines: no property test fails because one example ran past Hypothesis's

@@ -60,7 +60,9 @@ def own_database(url: str, worker: str | None) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[str]:
+def redis_process() -> Iterator[str]:
+    """The session's Redis (one per xdist process): ``$COMPACTOR_TEST_REDIS_URL``'s database for
+    this process, else a private server. Tests take :func:`redis_server` or :func:`redis_url`."""
     explicit = os.environ.get("COMPACTOR_TEST_REDIS_URL")
     if explicit:
         yield own_database(explicit, os.environ.get("PYTEST_XDIST_WORKER"))
@@ -68,6 +70,23 @@ def redis_server() -> Iterator[str]:
     server = EmbeddedRedis()
     with server as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def redis_server(redis_process: str) -> str:
+    """The session's Redis, emptied when a module starts: each module finds it as if it were its
+    own (nothing another module left, no queued task, no counter), without starting a server
+    per module. A private server is emptied whole (a test may use other databases on it);
+    ``$COMPACTOR_TEST_REDIS_URL`` is shared, so only this process's database is."""
+    client = redis.Redis.from_url(redis_process)
+    try:
+        if os.environ.get("COMPACTOR_TEST_REDIS_URL"):
+            client.flushdb()
+        else:
+            client.flushall()
+    finally:
+        client.close()
+    return redis_process
 
 
 @pytest.fixture

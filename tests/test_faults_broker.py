@@ -27,22 +27,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-from fault_support import (  # noqa: F401 - fixtures
-    ALL_QUEUES,
-    Cluster,
-    make_cluster_fixture,
-    small,
-)
+from fault_support import ALL_QUEUES, Cluster, small
 from http_support import KEY_A, Stack
-from service_support import (  # noqa: F401 - fixtures
-    OUTCOMES,
-    RABBITMQ_ADDRESS,
-    REPO_ROOT,
-    ensure_rabbitmq,
-    rabbitmqctl,
-    redis_server,
-    redis_url,
-)
+from service_support import OUTCOMES, RABBITMQ_ADDRESS, REPO_ROOT, ensure_rabbitmq, rabbitmqctl
 
 from worker.backend import keys
 from worker.backend.embedded import free_port

@@ -20,13 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     Cluster,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     requests_for,
     small,
     tagged,

@@ -18,18 +18,16 @@ import time
 from typing import Any
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     ALL_QUEUES,
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     tagged,
     wait_until,
 )
-from service_support import BROKERS, broker, rabbitmq_server  # noqa: F401 - fixtures
 
 from worker.backend import keys
 from worker.runtime.supervisor import UP_WORKERS

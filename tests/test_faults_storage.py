@@ -29,25 +29,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     ALL_QUEUES,
     Cluster,
     check_consistency,
-    make_cluster_fixture,
     mount_tmpfs,
-    sha256_of,
     tagged,
     unmount,
     wait_until,
     write_config,
 )
 from service_support import REPO_ROOT
-from store_support import (  # noqa: F401 - fixtures
-    postgres_database,
-    s3_environment,
-    s3_server,
-    store_url,
-)
 
 from worker.errors import StorageError, TranscriptConflict
 from worker.transcripts import filesystem, key_of_uri, open_store

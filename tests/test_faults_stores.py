@@ -20,26 +20,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     ALL_QUEUES,
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     Cluster,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     tagged,
     wait_until,
 )
-from store_support import (  # noqa: F401 - fixtures
-    S3_ENVIRONMENT,
-    S3Server,
-    postgres_database,
-    s3_environment,
-    s3_server,
-    store_url,
-)
+from store_support import S3_ENVIRONMENT, S3Server
 
 from worker.errors import StorageError
 from worker.testing.standin_llm import StandinLLM

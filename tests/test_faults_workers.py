@@ -15,19 +15,17 @@ import time
 from collections import Counter
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     attribution,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     requests_for,
     tagged,
     wait_until,
 )
-from service_support import broker, rabbitmq_server  # noqa: F401 - fixtures
 
 from worker.backend import keys
 from worker.config import RedisConfig, WorkerConfig

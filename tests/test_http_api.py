@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import KEY_A, KEY_B, Stack, stack, wait_events  # noqa: F401 - fixtures
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from http_support import KEY_A, KEY_B, Stack, wait_events
+from service_support import conversation
 
 from worker.api.spec import DOC, openapi
 from worker.client import apply_compaction

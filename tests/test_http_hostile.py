@@ -18,7 +18,7 @@ from urllib.parse import unquote_to_bytes
 import httpx
 import pytest
 from http_support import KEY_A, KEY_B, Stack, wait_events
-from service_support import client_for, conversation, redis_server  # noqa: F401 - fixtures
+from service_support import client_for, conversation
 
 from worker.api.auth import STORAGE_FAILED, Tenant
 from worker.api.proxy import ROUTES as PROXY_ROUTES

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from http_support import KEY_A, Stack
-from service_support import redis_server  # noqa: F401 - fixture
 from test_http_proxy import openai_pairs_intact, tokens
 
 from worker.testing.standin_llm import StandinLLM

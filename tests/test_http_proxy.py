@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 from http_support import KEY_A, KEY_B, Stack, wait_events
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from service_support import conversation
 
 from worker.testing.standin_llm import Fault, StandinLLM
 from worker.tokens import count_tokens

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from http_support import KEY_B, Stack
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from service_support import conversation
 
 from worker.api.webhooks import SIGNATURE_HEADER, UnsafeUrl, check_url, sign, verify
 

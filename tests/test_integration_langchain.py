@@ -37,13 +37,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 from pydantic import Field
-from service_support import (  # noqa: F401 - fixtures
-    REPO_ROOT,
-    Workers,
-    client_for,
-    redis_server,
-    write_config,
-)
+from service_support import REPO_ROOT, Workers, client_for, write_config
 
 from worker.core.projection import count_request_tokens
 from worker.integrations.langchain import (

@@ -15,7 +15,6 @@ from typing import Any
 import openai
 import pytest
 from http_support import KEY_A, Stack
-from service_support import redis_server  # noqa: F401 - fixtures
 
 from worker.core.projection import count_request_tokens
 from worker.testing.standin_llm import StandinLLM

@@ -19,31 +19,19 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-from cluster_support import (  # noqa: F401 - fixtures
-    SentinelServers,
-    cluster_url,
-    redis_cluster,
-    wait_for,
-)
-from fault_support import (  # noqa: F401 - fixtures
+from cluster_support import SentinelServers, wait_for
+from fault_support import (
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     small,
     tagged,
     wait_until,
 )
 from http_support import Stack
-from service_support import (  # noqa: F401 - fixtures
-    client_for,
-    redis_server,
-    redis_url,
-    service_env_on,
-    wait_for_outcome,
-)
+from service_support import client_for, service_env_on, wait_for_outcome
 
 from worker.backend import keys
 from worker.backend.queues import broker_url

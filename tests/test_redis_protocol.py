@@ -20,15 +20,7 @@ import pytest
 import redis
 from amqp import spec
 from jsonschema import Draft202012Validator
-from service_support import (  # noqa: F401 - fixtures: a real Redis and real workers
-    broker,
-    conversation,
-    purge_queues,
-    rabbitmq_server,
-    redis_server,
-    redis_url,
-    service_env,
-)
+from service_support import conversation, purge_queues
 
 from worker.backend.queues import TaskSender
 from worker.client import apply_compaction

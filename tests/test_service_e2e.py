@@ -15,17 +15,11 @@ from typing import Any
 
 import pytest
 import redis
-from cluster_support import cluster_service_env, cluster_url, redis_cluster  # noqa: F401
-from service_support import (  # noqa: F401 - fixtures
+from service_support import (
     BROKERS,
-    broker,
     client_for,
     conversation,
     purge_queues,
-    rabbitmq_server,
-    redis_server,
-    redis_url,
-    service_env,
     service_env_on,
     settled_counters,
     wait_for_outcome,

@@ -16,12 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from service_support import (  # noqa: F401 - fixtures
-    Workers,
-    client_for,
-    redis_server,
-    write_config,
-)
+from service_support import Workers, client_for, write_config
 
 from worker.backend import keys
 from worker.backend.embedded import EmbeddedRedis

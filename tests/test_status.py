@@ -7,16 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from service_support import (  # noqa: F401 - fixtures
-    BROKERS,
-    broker,
-    client_for,
-    conversation,
-    rabbitmq_server,
-    redis_server,
-    redis_url,
-    service_env,
-)
+from service_support import BROKERS, client_for, conversation
 
 from worker.runtime.fleet import classify_workers
 
