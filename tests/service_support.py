@@ -135,9 +135,10 @@ def ensure_rabbitmq() -> None:
         time.sleep(1.0)
 
 
-@pytest.fixture(scope="session")
-def rabbitmq_server() -> Iterator[str]:
-    """The URL of a vhost of our own on the machine's RabbitMQ, for the session."""
+@contextlib.contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """The URL of a new vhost of our own on the machine's RabbitMQ, deleted when the block
+    ends; skips when there is no RabbitMQ."""
     ensure_rabbitmq()
     vhost = f"compactor-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     rabbitmqctl("add_vhost", vhost)
@@ -146,6 +147,13 @@ def rabbitmq_server() -> Iterator[str]:
         yield f"amqp://guest:guest@{RABBITMQ_ADDRESS}/{vhost}"
     finally:
         rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[str]:
+    """The URL of a vhost of our own on the machine's RabbitMQ, for the session."""
+    with rabbitmq_vhost() as url:
+        yield url
 
 
 def purge_queues(url: str) -> None:
@@ -296,10 +304,12 @@ class Workers:
         self.clients.clear()
 
 
+# What ``service_env`` gives: the transcript directory and ``make(extra_config="") -> Workers``.
+ServiceEnv = tuple[Path, Callable[..., Workers]]
+
+
 @pytest.fixture
-def service_env(
-    tmp_path: Path, redis_url: str, broker: str | None
-) -> Iterator[tuple[Path, Callable[..., Workers]]]:
+def service_env(tmp_path: Path, redis_url: str, broker: str | None) -> Iterator[ServiceEnv]:
     """(transcript dir, make_workers(extra_config=...)) with everything stopped afterwards; the
     workers use ``broker`` (the state's Redis unless the test is parametrized over brokers)."""
     yield from service_env_on(tmp_path, redis_url, broker_url=broker)
@@ -307,7 +317,7 @@ def service_env(
 
 def service_env_on(
     tmp_path: Path, state_url: str, *, broker_url: str | None = None
-) -> Iterator[tuple[Path, Callable[..., Workers]]]:
+) -> Iterator[ServiceEnv]:
     """:func:`service_env` with the state at ``state_url`` (a Redis Cluster, say) and the
     queues at ``broker_url`` (default: the same Redis)."""
     transcripts = tmp_path / "transcripts"

@@ -55,7 +55,9 @@ def test_readyz_sees_a_worker_of_each_kind(stack: Stack) -> None:
         assert r.json()["ready"] is True and r.json()["missing_kinds"] == []
 
 
-def test_readyz_without_workers_is_503(redis_server: str, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_without_workers_is_503(
+    redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     # another database of the same Redis: the module's worker is not on its broker
     other_db = redis_server.rsplit("/", 1)[0] + "/9"
     bare = Stack(tmp_path_factory.mktemp("bare"), other_db)

@@ -23,6 +23,7 @@ from cluster_support import SentinelServers, wait_for
 from fault_support import (
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
+    MakeCluster,
     check_consistency,
     llm_section,
     reconcile_until,
@@ -174,7 +175,7 @@ def test_announcements_reach_a_subscriber_on_any_node_and_async_readers_follow(
 
 @pytest.mark.slow
 def test_a_cluster_master_killed_mid_load_and_restarted_loses_no_pending_work(
-    make_cluster,  # type: ignore[no-untyped-def]
+    make_cluster: MakeCluster,
 ) -> None:
     """SIGKILL one of the three masters while summaries are in flight, start it again from
     its AOF and nodes.conf: every conversation, those in its slots too, gets its outcome
