@@ -25,6 +25,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -336,6 +337,37 @@ def service_env_on(
     yield transcripts, make
     for w in made:
         w.stop_all()
+
+
+@dataclass
+class StartedWorkers:
+    """One worker process and a client of it (``url``: the Redis they share)."""
+
+    workers: Workers
+    client: Client
+    url: str
+
+
+@contextlib.contextmanager
+def started_workers(
+    url: str, base: Path, extra: str = "", *, concurrency: int = 2
+) -> Iterator[StartedWorkers]:
+    """One worker (evaluate + summarize, config ``extra``) on the Redis at ``url``, emptied
+    first, with its files under ``base``; for a module whose tests use distinct conversation
+    ids. Stopped, and the client closed, when the block ends."""
+    r = redis.Redis.from_url(url)
+    r.flushdb()
+    r.close()
+    config = write_config(base / "compactor.toml", base / "transcripts", extra)
+    logs = base / "logs"
+    logs.mkdir()
+    workers = Workers(url, config, logs)
+    try:
+        workers.start("w1", concurrency=concurrency)
+        client = client_for(workers)
+        yield StartedWorkers(workers, client, url)
+    finally:
+        workers.stop_all()
 
 
 def client_for(workers: Workers) -> Client:
