@@ -21,12 +21,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from service_support import Workers, service_env_on
 
 from worker.backend.embedded import EmbeddedRedis, free_port, redis_server_binary
 
@@ -233,15 +232,6 @@ class SentinelServers:
             self.sentinel.wait(timeout=10)
         self.replica.stop(kill=True)
         self.master.stop(kill=True)
-
-
-@pytest.fixture
-def cluster_service_env(
-    tmp_path: Path, cluster_url: str, redis_url: str
-) -> Iterator[tuple[Path, Callable[..., Workers]]]:
-    """``service_support.service_env`` with the state on the session's Redis Cluster and the
-    queues on the session's standalone Redis."""
-    yield from service_env_on(tmp_path, cluster_url, broker_url=redis_url)
 
 
 @pytest.fixture(scope="session")

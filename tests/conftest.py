@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +16,21 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The support modules' fixtures, registered once for the whole suite. A test module that imported
+# a fixture instead (``from service_support import redis_server``) got its own copy of it, so a
+# "session" fixture (a Redis, a RabbitMQ vhost, the S3 server, a PostgreSQL database) was started
+# once per importing module in each xdist process. Test modules import only plain helpers.
+# Listed so that a module comes after those it imports (each must be registered, so that its
+# asserts are rewritten, before another support module imports it).
+pytest_plugins = [
+    "service_support",
+    "cluster_support",
+    "http_support",
+    "store_support",
+    "fault_support",
+    "follower_support",
+]
 CORPUS_ENV = "COMPACTOR_CORPUS_DIR"
 
 # Shared, noisy machines: no property test fails because one example ran past Hypothesis's
@@ -73,6 +91,54 @@ class CliRunner:
             check=False,
         )
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+class InProcessCliRunner(CliRunner):
+    """Runs ``worker.cli.main(ARGS)`` (what ``python -m worker ARGS`` runs) in this process, as
+    the process would: in ``cwd``, with a clean ``COMPACTOR_*`` environment plus ``env``, stdout
+    and stderr captured (neither a terminal), the exit code from its return or ``SystemExit``.
+    Everything it changed (directory, environment, the root logger it configures) is put back.
+    For tests of what a command does, not of the interpreter's start (``timeout_s`` is not
+    enforced: nothing here may hang)."""
+
+    def __call__(
+        self,
+        *args: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 120,
+    ) -> CliResult:
+        from worker.cli import main
+
+        del timeout_s
+        saved_environ, saved_cwd = dict(os.environ), os.getcwd()
+        root = logging.getLogger()
+        saved_logging = (root.handlers[:], root.level)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            for key in [k for k in os.environ if k.startswith("COMPACTOR_")]:
+                del os.environ[key]
+            os.environ.update(env or {})
+            os.chdir(self.cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = main([str(a) for a in args])
+                except SystemExit as exc:  # argparse's usage errors
+                    code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_environ)
+            root.handlers[:] = saved_logging[0]
+            root.setLevel(saved_logging[1])
+        return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def run_cli_in_process(tmp_path: Path) -> CliRunner:
+    """:func:`run_cli`, each command run in this process (:class:`InProcessCliRunner`)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    return InProcessCliRunner(cwd)
 
 
 @pytest.fixture

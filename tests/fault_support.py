@@ -247,6 +247,10 @@ class Cluster:
             self.queues_redis.stop(kill=True)
 
 
+# What the ``make_cluster`` fixture gives: ``make_cluster(...)`` starts a Cluster.
+MakeCluster = Callable[..., Cluster]
+
+
 @pytest.fixture(name="make_cluster")
 def make_cluster_fixture(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []

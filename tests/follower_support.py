@@ -12,13 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from http_support import Stack
+from webhook_support import Receiver
 
 from worker.client import Client
 from worker.wire.events import CompactionEvent
@@ -139,33 +139,6 @@ class SseFollower:
         self._closing = True
         self._client.close()
         self._thread.join(timeout=30)
-
-
-class Receiver:
-    """A webhook receiver on loopback: the bodies of the POSTs it got (each answered 204)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.bodies.append(json.loads(body))
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                del format, args
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ real worker process, shared by a test module."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -17,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 from service_support import Workers, write_config
+
+from worker.testing.standin_llm import StandinLLM
 
 KEY_A = "key-tenant-a-0123456789"
 KEY_B = "key-tenant-b-0123456789"
@@ -105,14 +108,35 @@ class Stack:
         return httpx.Client(base_url=self.base, headers=headers, timeout=30, **kw)
 
 
-@pytest.fixture(scope="module")
-def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("http")
-    s = Stack(root, redis_server, extra="[http]\nmax_body_bytes = 1000000\nsse_keepalive_s = 1.0")
+@contextlib.contextmanager
+def running_stack(root: Path, redis_url: str, extra: str = "") -> Iterator[Stack]:
+    """A started :class:`Stack` (config ``extra``), stopped when the block ends."""
+    s = Stack(root, redis_url, extra=extra)
     try:
         yield s.start()
     finally:
         s.stop()
+
+
+def proxy_config(
+    llm: StandinLLM, *, threshold_tokens: int = 4000, anthropic: bool = False, extra: str = ""
+) -> str:
+    """The proxy tests' config: compact above ``threshold_tokens`` (no percentage of the
+    window), ``extra`` more ``[compaction]`` lines, and forward the proxy's OpenAI route (and
+    its Anthropic one if ``anthropic``) to the stand-in ``llm``."""
+    anthropic_url = f'anthropic_base_url = "{llm.anthropic_base_url}"\n' if anthropic else ""
+    return f"""auto_compact_threshold_tokens = {threshold_tokens}
+auto_compact_threshold_percent = "none"
+{extra}[proxy]
+openai_base_url = "{llm.openai_base_url}"
+{anthropic_url}"""
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    extra = "[http]\nmax_body_bytes = 1000000\nsse_keepalive_s = 1.0"
+    with running_stack(tmp_path_factory.mktemp("http"), redis_server, extra) as s:
+        yield s
 
 
 def wait_events(

@@ -25,6 +25,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -60,7 +61,9 @@ def own_database(url: str, worker: str | None) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[str]:
+def redis_process() -> Iterator[str]:
+    """The session's Redis (one per xdist process): ``$COMPACTOR_TEST_REDIS_URL``'s database for
+    this process, else a private server. Tests take :func:`redis_server` or :func:`redis_url`."""
     explicit = os.environ.get("COMPACTOR_TEST_REDIS_URL")
     if explicit:
         yield own_database(explicit, os.environ.get("PYTEST_XDIST_WORKER"))
@@ -68,6 +71,23 @@ def redis_server() -> Iterator[str]:
     server = EmbeddedRedis()
     with server as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def redis_server(redis_process: str) -> str:
+    """The session's Redis, emptied when a module starts: each module finds it as if it were its
+    own (nothing another module left, no queued task, no counter), without starting a server
+    per module. A private server is emptied whole (a test may use other databases on it);
+    ``$COMPACTOR_TEST_REDIS_URL`` is shared, so only this process's database is."""
+    client = redis.Redis.from_url(redis_process)
+    try:
+        if os.environ.get("COMPACTOR_TEST_REDIS_URL"):
+            client.flushdb()
+        else:
+            client.flushall()
+    finally:
+        client.close()
+    return redis_process
 
 
 @pytest.fixture
@@ -116,9 +136,10 @@ def ensure_rabbitmq() -> None:
         time.sleep(1.0)
 
 
-@pytest.fixture(scope="session")
-def rabbitmq_server() -> Iterator[str]:
-    """The URL of a vhost of our own on the machine's RabbitMQ, for the session."""
+@contextlib.contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """The URL of a new vhost of our own on the machine's RabbitMQ, deleted when the block
+    ends; skips when there is no RabbitMQ."""
     ensure_rabbitmq()
     vhost = f"compactor-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     rabbitmqctl("add_vhost", vhost)
@@ -127,6 +148,13 @@ def rabbitmq_server() -> Iterator[str]:
         yield f"amqp://guest:guest@{RABBITMQ_ADDRESS}/{vhost}"
     finally:
         rabbitmqctl("delete_vhost", vhost)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[str]:
+    """The URL of a vhost of our own on the machine's RabbitMQ, for the session."""
+    with rabbitmq_vhost() as url:
+        yield url
 
 
 def purge_queues(url: str) -> None:
@@ -277,10 +305,12 @@ class Workers:
         self.clients.clear()
 
 
+# What ``service_env`` gives: the transcript directory and ``make(extra_config="") -> Workers``.
+ServiceEnv = tuple[Path, Callable[..., Workers]]
+
+
 @pytest.fixture
-def service_env(
-    tmp_path: Path, redis_url: str, broker: str | None
-) -> Iterator[tuple[Path, Callable[..., Workers]]]:
+def service_env(tmp_path: Path, redis_url: str, broker: str | None) -> Iterator[ServiceEnv]:
     """(transcript dir, make_workers(extra_config=...)) with everything stopped afterwards; the
     workers use ``broker`` (the state's Redis unless the test is parametrized over brokers)."""
     yield from service_env_on(tmp_path, redis_url, broker_url=broker)
@@ -288,7 +318,7 @@ def service_env(
 
 def service_env_on(
     tmp_path: Path, state_url: str, *, broker_url: str | None = None
-) -> Iterator[tuple[Path, Callable[..., Workers]]]:
+) -> Iterator[ServiceEnv]:
     """:func:`service_env` with the state at ``state_url`` (a Redis Cluster, say) and the
     queues at ``broker_url`` (default: the same Redis)."""
     transcripts = tmp_path / "transcripts"
@@ -307,6 +337,37 @@ def service_env_on(
     yield transcripts, make
     for w in made:
         w.stop_all()
+
+
+@dataclass
+class StartedWorkers:
+    """One worker process and a client of it (``url``: the Redis they share)."""
+
+    workers: Workers
+    client: Client
+    url: str
+
+
+@contextlib.contextmanager
+def started_workers(
+    url: str, base: Path, extra: str = "", *, concurrency: int = 2
+) -> Iterator[StartedWorkers]:
+    """One worker (evaluate + summarize, config ``extra``) on the Redis at ``url``, emptied
+    first, with its files under ``base``; for a module whose tests use distinct conversation
+    ids. Stopped, and the client closed, when the block ends."""
+    r = redis.Redis.from_url(url)
+    r.flushdb()
+    r.close()
+    config = write_config(base / "compactor.toml", base / "transcripts", extra)
+    logs = base / "logs"
+    logs.mkdir()
+    workers = Workers(url, config, logs)
+    try:
+        workers.start("w1", concurrency=concurrency)
+        client = client_for(workers)
+        yield StartedWorkers(workers, client, url)
+    finally:
+        workers.stop_all()
 
 
 def client_for(workers: Workers) -> Client:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import redis
 from kombu import Connection, Queue
-from service_support import redis_server, redis_url  # noqa: F401 - fixtures
 
 from worker.backend.broker import TRANSPORT
 

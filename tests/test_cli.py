@@ -1,6 +1,9 @@
 """The command line as a process (DESIGN.md §4): exit codes, one JSON event per line on stdout,
 one JSON error line on stderr (never a traceback), transcripts written only for completed
-compactions, secrets never printed. Everything runs ``python -m worker`` in a temp directory."""
+compactions, secrets never printed. Each command runs ``worker.cli.main`` (what ``python -m
+worker`` runs) in this process, in a temp directory with a clean ``COMPACTOR_*`` environment
+(``conftest.InProcessCliRunner``); the mapping of every command's failures to exit codes runs
+real ``python -m worker`` processes."""
 
 from __future__ import annotations
 
@@ -22,6 +25,22 @@ if TYPE_CHECKING:
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FORMATS = ["openai", "anthropic"]
+
+
+@pytest.fixture
+def run_cli(run_cli_in_process: CliRunner) -> CliRunner:
+    """These tests are about what the commands do, not the interpreter's start: in process."""
+    return run_cli_in_process
+
+
+@pytest.fixture
+def run_cli_as_process(tmp_path: Path) -> CliRunner:
+    """``python -m worker`` as a user runs it (conftest's ``run_cli``)."""
+    from conftest import CliRunner
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    return CliRunner(cwd)
 
 
 def fixture(fmt: str) -> dict[str, Any]:
@@ -571,8 +590,9 @@ def closed_port_url() -> str:
 
 @pytest.mark.parametrize(("failure", "command"), CASES, ids=[f"{c}-{f}" for f, c in CASES])
 def test_every_command_maps_a_failure_to_the_same_code(
-    run_cli: CliRunner, failure: str, command: str, request: pytest.FixtureRequest
+    run_cli_as_process: CliRunner, failure: str, command: str, request: pytest.FixtureRequest
 ) -> None:
+    run_cli = run_cli_as_process  # the exit code is the process's
     commands, code, error, key = FAILURES[failure]
     good = str(save(run_cli, fixture("openai")))
     env = {"COMPACTOR_REDIS_URL": request.getfixturevalue("closed_port_url")}

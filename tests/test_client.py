@@ -16,21 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import redis
-from service_support import (  # noqa: F401 - fixtures: a real Redis, real workers
-    Workers,
-    broker,
-    conversation,
-    redis_server,
-    redis_url,
-    service_env,
-)
+from service_support import Workers, conversation
 from service_support import client_for as workers_client
-from store_support import (  # noqa: F401 - fixtures: a store of each kind
-    postgres_database,
-    s3_environment,
-    s3_server,
-    store_url,
-)
 
 from worker.backend import keys
 from worker.backend.redis_state import RedisState, connect

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ pytestmark = [
 ]
 
 
-def _sample() -> list[tuple[str, dict]]:  # type: ignore[type-arg]
+def _sample() -> list[tuple[str, dict[str, Any]]]:
     return [c for k, c in enumerate(conversations()) if k % 5 == 0] if corpus_dir() else []
 
 
@@ -32,8 +33,8 @@ def _sample() -> list[tuple[str, dict]]:  # type: ignore[type-arg]
 )
 def test_real_conversation_compacts_under_threshold_keeping_paths(
     name: str,
-    snapshot: dict,
-    tmp_path: Path,  # type: ignore[type-arg]
+    snapshot: dict[str, Any],
+    tmp_path: Path,
 ) -> None:
     row = run_one(with_small_window(snapshot), tmp_path)
     assert row["type"] == "compaction.completed", name

@@ -27,22 +27,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-from fault_support import (  # noqa: F401 - fixtures
-    ALL_QUEUES,
-    Cluster,
-    make_cluster_fixture,
-    small,
-)
+from fault_support import ALL_QUEUES, Cluster, MakeCluster, small
 from http_support import KEY_A, Stack
-from service_support import (  # noqa: F401 - fixtures
-    OUTCOMES,
-    RABBITMQ_ADDRESS,
-    REPO_ROOT,
-    ensure_rabbitmq,
-    rabbitmqctl,
-    redis_server,
-    redis_url,
-)
+from service_support import OUTCOMES, RABBITMQ_ADDRESS, REPO_ROOT, ensure_rabbitmq, rabbitmqctl
 
 from worker.backend import keys
 from worker.backend.embedded import free_port
@@ -150,7 +137,9 @@ def assert_queued_then_outcome(cluster: Cluster, client: Client, snap: dict[str,
     assert event.type in OUTCOMES
 
 
-def test_a_rabbitmq_broker_on_a_closed_port_then_back(make_cluster, own_vhost: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_rabbitmq_broker_on_a_closed_port_then_back(
+    make_cluster: MakeCluster, own_vhost: str
+) -> None:
     """The client's broker URL names a closed loopback port; later a relay to the machine's
     RabbitMQ opens on that port (the workers reach the vhost directly all along)."""
     cluster = make_cluster(NO_RECONCILER, broker=own_vhost)
@@ -169,7 +158,9 @@ def test_a_rabbitmq_broker_on_a_closed_port_then_back(make_cluster, own_vhost: s
             relay.close()
 
 
-def test_a_rabbitmq_vhost_refusing_connections_then_back(make_cluster, own_vhost: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_rabbitmq_vhost_refusing_connections_then_back(
+    make_cluster: MakeCluster, own_vhost: str
+) -> None:
     """The real vhost refuses new connections (its connection limit set to 0: the workers'
     connections stay open), then takes them again."""
     cluster = make_cluster(NO_RECONCILER, broker=own_vhost)
@@ -188,7 +179,7 @@ def test_a_rabbitmq_vhost_refusing_connections_then_back(make_cluster, own_vhost
         client.close()
 
 
-def test_a_redis_broker_on_a_closed_port(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_a_redis_broker_on_a_closed_port(make_cluster: MakeCluster) -> None:
     """The queues' own Redis (``[broker] url``) is down while the state's is up."""
     cluster = make_cluster(NO_RECONCILER)
     client = Client(with_broker_url(cluster.settings, closed_broker_url("redis")))

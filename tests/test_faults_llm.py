@@ -18,15 +18,16 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     Cluster,
+    MakeCluster,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     requests_for,
     small,
     tagged,
@@ -88,9 +89,9 @@ def env(shared: tuple[Cluster, StandinLLM]) -> tuple[Cluster, StandinLLM]:
 
 def submit_and_wait(
     cluster: Cluster,
-    snap: dict,
+    snap: dict[str, Any],
     *,
-    timeout_s: float = 15.0,  # type: ignore[type-arg]
+    timeout_s: float = 15.0,
 ) -> tuple[CompactionEvent, float]:
     """The outcome event and the seconds from submission to its appearance."""
     started = time.monotonic()
@@ -114,7 +115,7 @@ def assert_failed(event: CompactionEvent, code: str) -> None:
     assert "compaction" not in json.loads(event.to_json())
 
 
-def test_429_with_retry_after_is_waited_for(env) -> None:  # type: ignore[no-untyped-def]
+def test_429_with_retry_after_is_waited_for(env: tuple[Cluster, StandinLLM]) -> None:
     cluster, llm = env
     llm.enqueue(Fault(status=429, retry_after="1"))
     event, _ = submit_and_wait(cluster, tagged("c-429", 1, mode="remote_only"))
@@ -127,7 +128,7 @@ def test_429_with_retry_after_is_waited_for(env) -> None:  # type: ignore[no-unt
     assert 0.95 <= gap < DEADLINE_S, f"Retry-After: 1 not honoured (retried after {gap:.2f}s)"
 
 
-def test_retry_after_past_the_deadline_is_not_waited_for(env) -> None:  # type: ignore[no-untyped-def]
+def test_retry_after_past_the_deadline_is_not_waited_for(env: tuple[Cluster, StandinLLM]) -> None:
     cluster, llm = env
     llm.enqueue(Fault(status=429, retry_after="30"))
     event, elapsed = submit_and_wait(cluster, tagged("c-429-long", 1))
@@ -136,7 +137,7 @@ def test_retry_after_past_the_deadline_is_not_waited_for(env) -> None:  # type: 
     assert elapsed < DEADLINE_S + SLACK_S, f"waited {elapsed:.2f}s for a hopeless retry"
 
 
-def test_5xx_burst_within_the_retries_succeeds(env) -> None:  # type: ignore[no-untyped-def]
+def test_5xx_burst_within_the_retries_succeeds(env: tuple[Cluster, StandinLLM]) -> None:
     cluster, llm = env
     llm.enqueue(Fault(status=503), Fault(status=502))
     event, _ = submit_and_wait(cluster, tagged("c-5xx-burst", 1, mode="remote_only"))
@@ -145,7 +146,9 @@ def test_5xx_burst_within_the_retries_succeeds(env) -> None:  # type: ignore[no-
     assert len(requests_for(llm.requests, "c-5xx-burst")) == 3
 
 
-def test_5xx_beyond_the_retries_falls_back_or_fails_per_mode(env) -> None:  # type: ignore[no-untyped-def]
+def test_5xx_beyond_the_retries_falls_back_or_fails_per_mode(
+    env: tuple[Cluster, StandinLLM],
+) -> None:
     cluster, llm = env
     llm.default_fault = Fault(status=500)
     prefer = tagged("c-5xx-prefer", 1)
@@ -162,7 +165,7 @@ def test_5xx_beyond_the_retries_falls_back_or_fails_per_mode(env) -> None:  # ty
     check_consistency(cluster, {"c-5xx-prefer": {1: prefer}})
 
 
-def test_a_hanging_provider_is_abandoned_at_the_deadline(env) -> None:  # type: ignore[no-untyped-def]
+def test_a_hanging_provider_is_abandoned_at_the_deadline(env: tuple[Cluster, StandinLLM]) -> None:
     cluster, llm = env
     llm.default_fault = Fault(hang=True)
     started = time.monotonic()
@@ -188,7 +191,9 @@ def test_a_hanging_provider_is_abandoned_at_the_deadline(env) -> None:  # type: 
         (Fault(empty=True), "empty"),
     ],
 )
-def test_a_malformed_answer_falls_back_or_fails_per_mode(env, fault: Fault, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_malformed_answer_falls_back_or_fails_per_mode(
+    env: tuple[Cluster, StandinLLM], fault: Fault, name: str
+) -> None:
     cluster, llm = env
     llm.default_fault = fault
     prefer, remote = f"c-bad-{name}-p", f"c-bad-{name}-r"
@@ -200,7 +205,7 @@ def test_a_malformed_answer_falls_back_or_fails_per_mode(env, fault: Fault, name
         assert 1 <= len(requests_for(llm.requests, conv)) <= 1 + MAX_RETRIES
 
 
-def test_an_overlong_answer_is_cut_to_the_bound(env) -> None:  # type: ignore[no-untyped-def]
+def test_an_overlong_answer_is_cut_to_the_bound(env: tuple[Cluster, StandinLLM]) -> None:
     cluster, llm = env
     llm.default_fault = Fault(overlong=True)
     snap = tagged("c-overlong", 1, mode="remote_only")
@@ -215,7 +220,7 @@ def test_an_overlong_answer_is_cut_to_the_bound(env) -> None:  # type: ignore[no
     check_consistency(cluster, {"c-overlong": {1: snap}})
 
 
-def test_a_hanging_provider_never_backs_up_evaluation(env) -> None:  # type: ignore[no-untyped-def]
+def test_a_hanging_provider_never_backs_up_evaluation(env: tuple[Cluster, StandinLLM]) -> None:
     """More hung summaries than the summarize worker has slots: the summarize queue waits, but
     every conversation under the threshold is still evaluated and skipped at once, and the hung
     ones all end (fallback) within two deadlines, the queue draining at the deadline's pace."""
@@ -258,7 +263,9 @@ def dead_llm() -> Iterator[StandinLLM]:
         yield llm
 
 
-def test_a_dead_endpoint_trips_the_breaker_and_nothing_waits(make_cluster, dead_llm) -> None:  # type: ignore[no-untyped-def]
+def test_a_dead_endpoint_trips_the_breaker_and_nothing_waits(
+    make_cluster: MakeCluster, dead_llm: StandinLLM
+) -> None:
     """A dead provider (every connection closed unanswered, so the stand-in counts each
     attempt): ``prefer_remote`` falls back, ``remote_only`` fails with the error code; after
     ``circuit_failure_threshold`` failures the breaker answers at once (``circuit_open``)

@@ -18,18 +18,17 @@ import time
 from typing import Any
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     ALL_QUEUES,
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
+    MakeCluster,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     tagged,
     wait_until,
 )
-from service_support import BROKERS, broker, rabbitmq_server  # noqa: F401 - fixtures
 
 from worker.backend import keys
 from worker.runtime.supervisor import UP_WORKERS
@@ -61,7 +60,9 @@ def reconciled(log: str) -> int:
     [("redis", "standalone"), ("rabbitmq", "standalone"), ("redis", "redis-cluster")],
     indirect=["broker"],
 )
-def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster, broker, topology: str) -> None:  # type: ignore[no-untyped-def]
+def test_redis_restart_with_aof_mid_load_loses_nothing(
+    make_cluster: MakeCluster, broker: str | None, topology: str
+) -> None:
     """Redis is killed (SIGKILL) and restarted on the same port and directory while snapshots
     are being submitted and summaries are in flight: the client's submissions all succeed, the
     workers reconnect by themselves, and every conversation reaches its outcome with whole
@@ -141,7 +142,9 @@ def test_redis_restart_with_aof_mid_load_loses_nothing(make_cluster, broker, top
         )
 
 
-def test_redis_restart_without_persistence_what_reconcile_can_and_cannot_do(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_redis_restart_without_persistence_what_reconcile_can_and_cannot_do(
+    make_cluster: MakeCluster,
+) -> None:
     """With persistence off: (1) a lost broker message (and the snapshots that coalesced into
     it) is recovered by the reconciler, since the conversation's state survives in Redis;
     (2) a restart loses the state itself, so the reconciler finds nothing to re-queue and the
@@ -195,7 +198,7 @@ def test_redis_restart_without_persistence_what_reconcile_can_and_cannot_do(make
     check_consistency(cluster, {"c-gone": {1: gone}})
 
 
-def test_reconcile_forgets_a_conversation_whose_snapshot_expired(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_reconcile_forgets_a_conversation_whose_snapshot_expired(make_cluster: MakeCluster) -> None:
     """A claim-checked snapshot that expired (``snapshot_ttl_s``) before it was evaluated can
     never be evaluated: the reconciler must stop re-queueing it, or every run re-queues it
     again, forever (``cw:pending`` has no TTL and only an outcome removes a member)."""
@@ -242,7 +245,9 @@ def expired_evaluations(log: str) -> int:
 RESTARTS = 3
 
 
-def test_both_worker_kinds_survive_repeated_redis_restarts_under_load(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_both_worker_kinds_survive_repeated_redis_restarts_under_load(
+    make_cluster: MakeCluster,
+) -> None:
     """The workers ``compactor up`` runs (evaluate: prefork; summarize: threads, busy with LLM
     calls and offline digests) live through Redis being killed (SIGKILL) and restarted, AOF on,
     several times while they work: both processes are still running afterwards, and every

@@ -27,27 +27,21 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     ALL_QUEUES,
     Cluster,
+    MakeCluster,
     check_consistency,
-    make_cluster_fixture,
     mount_tmpfs,
-    sha256_of,
     tagged,
     unmount,
     wait_until,
     write_config,
 )
 from service_support import REPO_ROOT
-from store_support import (  # noqa: F401 - fixtures
-    postgres_database,
-    s3_environment,
-    s3_server,
-    store_url,
-)
 
 from worker.errors import StorageError, TranscriptConflict
 from worker.transcripts import filesystem, key_of_uri, open_store
@@ -73,7 +67,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cluster.close()
 
 
-def run(cluster: Cluster, snap: dict) -> CompactionEvent:  # type: ignore[type-arg]
+def run(cluster: Cluster, snap: dict[str, Any]) -> CompactionEvent:
     cluster.client.submit(snap)
     return cluster.wait_outcome(snap["conversation_id"], snap["revision"], timeout_s=60)
 
@@ -142,7 +136,7 @@ def test_a_full_transcript_directory(shared: Cluster) -> None:
         unmount(target)
 
 
-def test_a_removed_transcript_directory(make_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_removed_transcript_directory(make_cluster: MakeCluster, tmp_path: Path) -> None:
     """Removed: recreated (0700) and the compaction completes. Removed with its parent replaced
     by a file (it cannot be created): failed, then fine again once the path is restored."""
     root = tmp_path / "volume" / "transcripts"  # one level deeper, so its parent can go too
@@ -403,7 +397,9 @@ def test_concurrent_prunes_remove_exactly_what_retention_removes(tmp_path: Path)
     assert set(removed) == doomed and len(removed) == len(doomed), "a file removed twice"
 
 
-def test_prunes_racing_writes_never_remove_a_kept_transcript(make_cluster, store_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_prunes_racing_writes_never_remove_a_kept_transcript(
+    make_cluster: MakeCluster, store_url: str
+) -> None:
     """Workers write a stream of transcripts (retention: the newest 3 per conversation) while
     the scheduled prune runs on two workers and this process prunes in a tight loop: at the end
     each conversation has exactly its newest 3 compactions' transcripts, whole. Once per store
@@ -434,7 +430,7 @@ def test_prunes_racing_writes_never_remove_a_kept_transcript(make_cluster, store
     pruner = threading.Thread(target=prune_loop)
     pruner.start()
     convs = [f"c-race{i}" for i in range(4)]
-    submitted: dict[str, dict[int, dict]] = {c: {} for c in convs}  # type: ignore[type-arg]
+    submitted: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in convs}
     try:
         for rev in range(REVISIONS):
             pruned = prunes[0]

@@ -18,28 +18,22 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     ALL_QUEUES,
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     Cluster,
+    MakeCluster,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     tagged,
     wait_until,
 )
-from store_support import (  # noqa: F401 - fixtures
-    S3_ENVIRONMENT,
-    S3Server,
-    postgres_database,
-    s3_environment,
-    s3_server,
-    store_url,
-)
+from store_support import S3_ENVIRONMENT, S3Server
 
 from worker.errors import StorageError
 from worker.testing.standin_llm import StandinLLM
@@ -52,12 +46,12 @@ pytestmark = pytest.mark.slow
 STORAGE_ERROR = "storage_unavailable"
 
 
-def run(cluster: Cluster, snap: dict) -> CompactionEvent:  # type: ignore[type-arg]
+def run(cluster: Cluster, snap: dict[str, Any]) -> CompactionEvent:
     cluster.client.submit(snap)
     return cluster.wait_outcome(snap["conversation_id"], snap["revision"], timeout_s=60)
 
 
-def test_sigkill_mid_summary_loses_nothing(make_cluster, store_url: str) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_mid_summary_loses_nothing(make_cluster: MakeCluster, store_url: str) -> None:
     """The summarizing worker is killed while its LLM calls are in flight: after the
     reconciler re-queues the work, every conversation has exactly one compaction per revision,
     each transcript whole in the store, and no failure."""
@@ -99,9 +93,9 @@ def test_sigkill_mid_summary_loses_nothing(make_cluster, store_url: str) -> None
 
 
 def test_an_s3_store_that_goes_away_and_comes_back(
-    make_cluster,
+    make_cluster: MakeCluster,
     tmp_path: Path,
-    s3_environment: None,  # type: ignore[no-untyped-def]
+    s3_environment: None,
 ) -> None:
     """Its own S3 server, stopped (connections refused) and started again (empty: moto keeps
     objects in memory, so the bucket is created again, as an operator restoring it would)."""
@@ -225,7 +219,9 @@ def test_a_hung_s3_store_fails_a_write_within_the_bound(hung_s3: HungServer) -> 
     assert 1 <= len(hung_s3.accepted) <= MAX_ATTEMPTS
 
 
-def test_a_hung_s3_store_fails_the_compaction(make_cluster, hung_s3: HungServer) -> None:  # type: ignore[no-untyped-def]
+def test_a_hung_s3_store_fails_the_compaction(
+    make_cluster: MakeCluster, hung_s3: HungServer
+) -> None:
     """Through a real worker: ``compaction.failed`` with ``storage_unavailable`` (nothing
     else published for the revision), well before the old 124 s."""
     cluster = make_cluster(

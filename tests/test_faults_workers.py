@@ -13,21 +13,21 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
-from fault_support import (  # noqa: F401 - fixtures
+from fault_support import (
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
+    MakeCluster,
     attribution,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     requests_for,
     tagged,
     wait_until,
 )
-from service_support import broker, rabbitmq_server  # noqa: F401 - fixtures
 
 from worker.backend import keys
 from worker.config import RedisConfig, WorkerConfig
@@ -45,7 +45,7 @@ WAIT_S = 120.0  # for an event that a loaded machine may make slow
 WARM_SHUTDOWN = "worker: Warm shutdown (MainProcess)"  # what Celery prints on SIGTERM
 
 
-def test_sigkill_mid_summary_repeatedly_loses_nothing(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_mid_summary_repeatedly_loses_nothing(make_cluster: MakeCluster) -> None:
     """Every conversation reaches its outcome; no revision gets two compactions; transcripts are
     whole; each kill costs at most one extra LLM call per conversation it interrupted, and no
     call is wasted otherwise; redelivered messages change nothing."""
@@ -63,7 +63,7 @@ def test_sigkill_mid_summary_repeatedly_loses_nothing(make_cluster) -> None:  # 
         workers.start("eval", queues=EVALUATE_QUEUES, concurrency=4)
         workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=SUMMARY_CONCURRENCY)
         convs = [f"c-kill{i}" for i in range(4)]
-        submitted: dict[str, dict[int, dict]] = {c: {} for c in convs}  # type: ignore[type-arg]
+        submitted: dict[str, dict[int, dict[str, Any]]] = {c: {} for c in convs}
         kills: list[tuple[float, float]] = []  # (held from, killed at)
         for rnd in range(ROUNDS):
             for conv in convs:
@@ -158,7 +158,9 @@ def test_sigkill_mid_summary_repeatedly_loses_nothing(make_cluster) -> None:  # 
 RECOVERY_BOUND_S = 90.0  # issue 11: "about a minute" with the defaults, plus a wide margin
 
 
-def test_sigkill_mid_summary_is_recovered_within_a_minute_by_beat(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_mid_summary_is_recovered_within_a_minute_by_beat(
+    make_cluster: MakeCluster,
+) -> None:
     """Issue 11: with the DEFAULT reconcile settings, the lease and the visibility timeout (so
     the broker's redelivery, 900 s away, cannot be what recovers it), a conversation whose
     summary was lost to a SIGKILL gets its ``compaction.completed`` event about a minute later,
@@ -231,8 +233,8 @@ def summaries_received(log: str) -> list[str]:
 
 @pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
 def test_sigkill_mid_summary_on_rabbitmq_is_redelivered_when_the_connection_drops(
-    make_cluster, broker
-) -> None:  # type: ignore[no-untyped-def]
+    make_cluster: MakeCluster, broker: str | None
+) -> None:
     """With RabbitMQ as the broker, the summary task a SIGKILLed worker held goes back to its
     queue when the worker's connection drops: the next worker receives that very task (same id)
     and publishes the compaction. Nothing else could have recovered it within the wait: the
@@ -276,7 +278,7 @@ def test_sigkill_mid_summary_on_rabbitmq_is_redelivered_when_the_connection_drop
         check_consistency(cluster, {conv: {1: snap}})
 
 
-def test_sigterm_during_a_summary_finishes_it_then_exits(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_during_a_summary_finishes_it_then_exits(make_cluster: MakeCluster) -> None:
     """Warm shutdown: the running summary completes and is published before the worker exits
     (with status 0); the conversations still queued are done by the next worker; no LLM call is
     repeated. A shutdown cut short by SIGKILL abandons its task: it is recovered (one extra
@@ -351,7 +353,7 @@ def test_sigterm_during_a_summary_finishes_it_then_exits(make_cluster) -> None: 
         check_consistency(cluster, submitted)
 
 
-def test_worker_paused_past_its_lease_cannot_publish(make_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_worker_paused_past_its_lease_cannot_publish(make_cluster: MakeCluster) -> None:
     """A worker stopped (SIGSTOP) mid-summary on two conversations loses both locks when the
     lease lapses. For one, a new revision arrives and another worker compacts it; the paused
     worker, resumed, finishes its LLM calls and publishes nothing (stale fencing tokens). The

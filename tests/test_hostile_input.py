@@ -8,10 +8,14 @@ rejected case exits 2 with one JSON line on stderr naming the field and reason, 
 exits 0 with its outcome event; neither leaves a traceback, takes long, or writes anything but
 ``transcripts/``.
 
-Broker: one Redis and one real worker (under ``RLIMIT_AS``) for the whole module; each case is
+Broker: one Redis and one real worker (under ``RLIMIT_AS``) for the whole corpus; each case is
 submitted as raw bytes with ``Client.submit``. The client refuses what it checks itself (the
 document, the id, the revision, the size), naming the field; the worker answers the rest with
 ``compaction.rejected`` or a normal outcome, and is still up afterwards.
+
+Each batch (the forked CLI runs, the fresh-process sample, the broker's) runs once per test
+session, in whichever pytest-xdist process first needs it (:mod:`shared_work`); every process
+checks the same recorded outcomes.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ from hostile_cases import (
     hostile_cases,
 )
 from service_support import REPO_ROOT, Workers, client_for
+from shared_work import once_per_session
 
 from worker.backend.embedded import EmbeddedRedis, free_port
 from worker.client import Client
@@ -44,7 +49,7 @@ from worker.config import load_settings, with_redis_url
 from worker.errors import InvalidSnapshot
 from worker.runtime.celery_app import make_app
 from worker.summarize import SUMMARY_MARKER
-from worker.wire.events import CompactionEvent, parse_event
+from worker.wire.events import EVENT_ADAPTER, CompactionEvent, parse_event
 
 CASES = hostile_cases()
 BY_NAME = {c.name: c for c in CASES}
@@ -281,20 +286,80 @@ def _run_fresh(runs: list[tuple[CliRun, Path]]) -> None:
         _collect_output(run)
 
 
-@pytest.fixture(scope="module")
-def etc_before() -> set[str]:
-    return _etc_names()
+@dataclass(frozen=True)
+class CliBatch:
+    """Cases run through the CLI once for the session (:func:`shared_work.once_per_session`)."""
+
+    runs: dict[str, CliRun]
+    etc_before: set[str]  # the names in /etc before the batch ran
 
 
-@pytest.fixture(scope="module")
-def cli_runs(tmp_path_factory: pytest.TempPathFactory, etc_before: set[str]) -> dict[str, CliRun]:
-    root = tmp_path_factory.mktemp("hostile-cli")
-    config = _cli_config(free_port())
-    prepared = [_prepare(case, root, config) for case in CASES]
-    _run_all(prepared, root)
-    for _run, snapshot in prepared:
-        snapshot.unlink()  # the 100 MB one only had to exist for its size check
-    return {run.case.name: run for run, _ in prepared}
+def _cli_record(run: CliRun) -> dict[str, Any]:
+    return {
+        "name": run.case.name,
+        "cwd": str(run.cwd),
+        "code": run.code,
+        "stdout": run.stdout,
+        "stderr": run.stderr,
+        "cpu_s": run.cpu_s,
+        "peak_rss": run.peak_rss,
+        "tree_before": run.tree_before,
+        "tree_after": run.tree_after,
+    }
+
+
+def _tree_of(record: dict[str, list[int]]) -> dict[str, tuple[int, int]]:
+    return {path: (size, mtime) for path, (size, mtime) in record.items()}
+
+
+def _cli_run_of(record: dict[str, Any]) -> CliRun:
+    return CliRun(
+        case=BY_NAME[record["name"]],
+        cwd=Path(record["cwd"]),
+        code=record["code"],
+        stdout=record["stdout"],
+        stderr=record["stderr"],
+        cpu_s=record["cpu_s"],
+        peak_rss=record["peak_rss"],
+        tree_before=_tree_of(record["tree_before"]),
+        tree_after=_tree_of(record["tree_after"]),
+    )
+
+
+def _cli_batch(
+    factory: pytest.TempPathFactory,
+    name: str,
+    names: list[str],
+    run_them: Callable[[list[tuple[CliRun, Path]], Path], None],
+) -> CliBatch:
+    """``names``' cases prepared in the session's shared directory and run by ``run_them``,
+    once for the session; every xdist process reads the same outcomes."""
+
+    def compute(root: Path) -> dict[str, Any]:
+        etc_before = _etc_names()
+        config = _cli_config(free_port())
+        prepared = [_prepare(BY_NAME[n], root, config) for n in names]
+        run_them(prepared, root)
+        for _run, snapshot in prepared:
+            snapshot.unlink()  # the 100 MB one only had to exist for its size check
+        return {
+            "etc_before": sorted(etc_before),
+            "runs": [_cli_record(run) for run, _snapshot in prepared],
+        }
+
+    _root, record = once_per_session(factory, name, compute)
+    runs = [_cli_run_of(r) for r in record["runs"]]
+    return CliBatch({run.case.name: run for run in runs}, set(record["etc_before"]))
+
+
+@pytest.fixture(scope="session")
+def cli_batch(tmp_path_factory: pytest.TempPathFactory) -> CliBatch:
+    return _cli_batch(tmp_path_factory, "hostile-cli", IDS, _run_all)
+
+
+@pytest.fixture(scope="session")
+def cli_runs(cli_batch: CliBatch) -> dict[str, CliRun]:
+    return cli_batch.runs
 
 
 # A sample of the corpus, a case or two per category, through separate ``python -m worker``
@@ -315,15 +380,12 @@ FRESH = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fresh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliRun]:
-    root = tmp_path_factory.mktemp("hostile-cli-fresh")
-    config = _cli_config(free_port())
-    prepared = [_prepare(BY_NAME[name], root, config) for name in FRESH]
-    _run_fresh(prepared)
-    for _run, snapshot in prepared:
-        snapshot.unlink()
-    return {run.case.name: run for run, _ in prepared}
+    def run_fresh(runs: list[tuple[CliRun, Path]], _root: Path) -> None:
+        _run_fresh(runs)
+
+    return _cli_batch(tmp_path_factory, "hostile-cli-fresh", FRESH, run_fresh).runs
 
 
 @pytest.mark.slow
@@ -388,8 +450,8 @@ def check_cli_run(run: CliRun) -> None:
 
 
 @pytest.mark.slow
-def test_cli_never_touched_etc(cli_runs: dict[str, CliRun], etc_before: set[str]) -> None:
-    appeared = _etc_names() - etc_before
+def test_cli_never_touched_etc(cli_batch: CliBatch) -> None:
+    appeared = _etc_names() - cli_batch.etc_before
     probes = set().union(*(_probe_names(c) for c in CASES))
     assert probes, "the corpus aims some traversals at /etc"
     assert not appeared & probes
@@ -486,7 +548,7 @@ def test_forged_marker_under_threshold_triggers_nothing(cli_runs: dict[str, CliR
 class BrokerRun:
     case: HostileCase
     refused: InvalidSnapshot | None = None
-    error: BaseException | None = None  # anything else Client.submit raised
+    error: str | None = None  # anything else Client.submit raised: its type and message
     status: str | None = None
     revision: int | None = None  # as the submission recorded it
     events: list[CompactionEvent] = field(default_factory=list)
@@ -501,6 +563,7 @@ OUTCOMES = {
 
 
 WORKER_MEMORY_LIMIT = 3 << 30
+AFTER_THE_CORPUS = "h-after-the-corpus"
 
 
 class LimitedWorkers(Workers):
@@ -517,41 +580,28 @@ def _limit_worker_memory() -> None:
 
 @dataclass
 class Broker:
-    workers: Workers
+    """The corpus through a private Redis and one worker, once for the session; what the
+    worker showed once the corpus was through is recorded then, before anything else ran."""
+
     root: Path
     transcripts: Path
-    tree_before: dict[str, tuple[int, int]]  # the module's directory, outside what may change
+    etc_before: set[str]  # the names in /etc before the worker started
+    tree_before: dict[str, tuple[int, int]]  # the batch's directory, outside what may change
+    runs: dict[str, BrokerRun]
+    # once every case had its outcome:
+    running: bool  # the worker process had not exited
+    log: str  # the worker's log
+    me: str  # the worker's name
+    ping_replies: list[dict[str, Any]]
+    transcript_files: list[Path]
+    tree_after: dict[str, tuple[int, int]]
+    # then one more snapshot, submitted after the corpus:
+    after_corpus_types: list[str]
+    after_corpus_written: bool
 
 
 def _not_watched(root: Path) -> tuple[Path, ...]:
     return (root / "transcripts", root / "logs", root / "redis-data")
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """A private Redis and one worker, module-wide."""
-    root = tmp_path_factory.mktemp("hostile-broker")
-    transcripts = root / "transcripts"
-    logs = root / "logs"
-    logs.mkdir()
-    config = root / "compactor.toml"
-    config.write_text(f"""[compaction]
-transcript_dir = "{transcripts}"
-[llm]
-base_url = "http://127.0.0.1:{free_port()}/v1"
-api_key_env = "{API_KEY_ENV}"
-max_retries = 0
-[worker]
-log_format = "text"
-""")
-    (root / "redis-data").mkdir()
-    with EmbeddedRedis(directory=root / "redis-data") as url:
-        workers = LimitedWorkers(url, config, logs)
-        try:
-            workers.start("hostile", concurrency=4)
-            yield Broker(workers, root, transcripts, _tree(root, skip=_not_watched(root)))
-        finally:
-            workers.stop_all()
 
 
 def _submit(client: Client, run: BrokerRun) -> None:
@@ -562,7 +612,7 @@ def _submit(client: Client, run: BrokerRun) -> None:
     except InvalidSnapshot as exc:
         run.refused = exc
     except Exception as exc:  # recorded; the case's own test reports it
-        run.error = exc
+        run.error = f"{type(exc).__name__}: {exc}"
 
 
 def _worker_busy(client: Client, app: Any, name: str) -> bool:
@@ -607,9 +657,8 @@ def _await_outcomes(
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def broker_runs(broker: Broker, etc_before: set[str]) -> Iterator[dict[str, BrokerRun]]:
-    client = client_for(broker.workers)
+def _run_corpus(workers: Workers) -> dict[str, BrokerRun]:
+    client = client_for(workers)
     app = make_app(client.settings)
     runs: dict[str, BrokerRun] = {}
     try:
@@ -622,19 +671,140 @@ def broker_runs(broker: Broker, etc_before: set[str]) -> Iterator[dict[str, Brok
             if case.isolated:
                 _submit(client, runs[case.name])
                 _await_outcomes(client, app, [runs[case.name]])
-        yield runs
+        return runs
     finally:
         client.close()
         app.close()
 
 
+def _ping(workers: Workers, me: str) -> list[dict[str, Any]]:
+    app = make_app(with_redis_url(load_settings(workers.config, environ={}), workers.url))
+    try:
+        replies: list[dict[str, Any]] = app.control.ping(destination=[me], timeout=30.0) or []
+        return replies
+    finally:
+        app.close()
+
+
+def _submit_after_the_corpus(workers: Workers) -> list[str]:
+    """One more compaction once the corpus is through: the event types it got."""
+    client = client_for(workers)
+    try:
+        case = BY_NAME["forged-summary-message-id"]
+        doc = json.loads(case.build())
+        doc["conversation_id"] = AFTER_THE_CORPUS
+        client.submit(doc)
+        deadline = time.monotonic() + 60
+        events: list[CompactionEvent] = []
+        while time.monotonic() < deadline and not any(e.type in OUTCOMES for e in events):
+            time.sleep(0.05)
+            events = [e for _, e in client.events(AFTER_THE_CORPUS)]
+        return [e.type for e in events]
+    finally:
+        client.close()
+
+
+def _broker_run_record(run: BrokerRun) -> dict[str, Any]:
+    return {
+        "name": run.case.name,
+        "refused": None if run.refused is None else [run.refused.field, run.refused.reason],
+        "error": run.error,
+        "status": run.status,
+        "revision": run.revision,
+        "events": [EVENT_ADAPTER.dump_python(e, mode="json") for e in run.events],
+    }
+
+
+def _broker_run_of(record: dict[str, Any]) -> BrokerRun:
+    refused = record["refused"]
+    return BrokerRun(
+        case=BY_NAME[record["name"]],
+        refused=None if refused is None else InvalidSnapshot(*refused),
+        error=record["error"],
+        status=record["status"],
+        revision=record["revision"],
+        events=[parse_event(e) for e in record["events"]],
+    )
+
+
+def _broker_batch(root: Path) -> dict[str, Any]:
+    """Every case through a private Redis and one worker, then what the worker shows."""
+    etc_before = _etc_names()
+    transcripts = root / "transcripts"
+    logs = root / "logs"
+    logs.mkdir()
+    config = root / "compactor.toml"
+    config.write_text(f"""[compaction]
+transcript_dir = "{transcripts}"
+[llm]
+base_url = "http://127.0.0.1:{free_port()}/v1"
+api_key_env = "{API_KEY_ENV}"
+max_retries = 0
+[worker]
+log_format = "text"
+""")
+    (root / "redis-data").mkdir()
+    me = f"hostile@{socket.gethostname()}"
+    with EmbeddedRedis(directory=root / "redis-data") as url:
+        workers = LimitedWorkers(url, config, logs)
+        try:
+            workers.start("hostile", concurrency=4)
+            tree_before = _tree(root, skip=_not_watched(root))
+            runs = _run_corpus(workers)
+            seen = {
+                "running": workers.procs["hostile"].poll() is None,
+                "log": workers.log("hostile"),
+                "ping_replies": _ping(workers, me),
+                "transcript_files": [str(p) for p in _transcript_files(transcripts)],
+                "tree_after": _tree(root, skip=_not_watched(root)),
+            }
+            after_corpus_types = _submit_after_the_corpus(workers)
+        finally:
+            workers.stop_all()
+    return {
+        "etc_before": sorted(etc_before),
+        "tree_before": tree_before,
+        "runs": [_broker_run_record(run) for run in runs.values()],
+        "me": me,
+        **seen,
+        "after_corpus_types": after_corpus_types,
+        "after_corpus_written": (transcripts / AFTER_THE_CORPUS).is_dir(),
+    }
+
+
+@pytest.fixture(scope="session")
+def broker_batch(tmp_path_factory: pytest.TempPathFactory) -> Broker:
+    root, record = once_per_session(tmp_path_factory, "hostile-broker", _broker_batch)
+    runs = [_broker_run_of(r) for r in record["runs"]]
+    return Broker(
+        root=root,
+        transcripts=root / "transcripts",
+        etc_before=set(record["etc_before"]),
+        tree_before=_tree_of(record["tree_before"]),
+        runs={run.case.name: run for run in runs},
+        running=record["running"],
+        log=record["log"],
+        me=record["me"],
+        ping_replies=record["ping_replies"],
+        transcript_files=[Path(p) for p in record["transcript_files"]],
+        tree_after=_tree_of(record["tree_after"]),
+        after_corpus_types=record["after_corpus_types"],
+        after_corpus_written=record["after_corpus_written"],
+    )
+
+
+@pytest.fixture(scope="session")
+def broker_runs(broker_batch: Broker) -> dict[str, BrokerRun]:
+    return broker_batch.runs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", IDS)
-def test_broker(broker_runs: dict[str, BrokerRun], broker: Broker, name: str) -> None:
+def test_broker(broker_runs: dict[str, BrokerRun], broker_batch: Broker, name: str) -> None:
     case = BY_NAME[name]
     run = broker_runs[name]
-    transcripts = broker.transcripts
-    assert run.error is None, f"Client.submit raised {type(run.error).__name__}: {run.error}"
+    transcripts = broker_batch.transcripts
+    assert run.error is None, f"Client.submit raised {run.error}"
     if case.client_refuses:
         assert run.refused is not None, f"the client sent it ({run.status})"
         assert run.refused.field == case.refused_field, run.refused.to_dict()
@@ -668,54 +838,29 @@ def test_broker(broker_runs: dict[str, BrokerRun], broker: Broker, name: str) ->
 
 
 @pytest.mark.slow
-def test_broker_worker_still_answers(
-    broker_runs: dict[str, BrokerRun], broker: Broker, etc_before: set[str]
-) -> None:
-    workers, transcripts = broker.workers, broker.transcripts
-    assert workers.procs["hostile"].poll() is None, workers.log("hostile")[-3000:]
-    app = make_app(with_redis_url(load_settings(workers.config, environ={}), workers.url))
-    try:
-        me = f"hostile@{socket.gethostname()}"
-        replies = app.control.ping(destination=[me], timeout=30.0) or []
-    finally:
-        app.close()
+def test_broker_worker_still_answers(broker_batch: Broker) -> None:
+    broker = broker_batch
+    assert broker.running, broker.log[-3000:]
+    me, replies = broker.me, broker.ping_replies
     assert any(me in reply for reply in replies), replies
     # every transcript lies under transcript_dir, in a directory of a handled case
     handled = {c.conversation_id for c in CASES if c.expect == "handled"}
-    for path in _transcript_files(transcripts):
-        assert path.parent.parent == transcripts and path.parent.name in handled, path
-    appeared = _etc_names() - etc_before
+    for path in broker.transcript_files:
+        assert path.parent.parent == broker.transcripts and path.parent.name in handled, path
+    appeared = _etc_names() - broker.etc_before
     assert not {n for n in appeared if n.startswith("h-") or "hostile" in n}
-    # nothing was written in the module's directory outside transcripts/ (and logs, Redis data)
-    assert _tree(broker.root, skip=_not_watched(broker.root)) == broker.tree_before
+    # nothing was written in the batch's directory outside transcripts/ (and logs, Redis data)
+    assert broker.tree_after == broker.tree_before
 
 
 @pytest.mark.slow
-def test_broker_worker_logged_no_traceback(
-    broker_runs: dict[str, BrokerRun], broker: Broker
-) -> None:
+def test_broker_worker_logged_no_traceback(broker_batch: Broker) -> None:
     """Every case ends in an event, not in a crashed task."""
-    log = broker.workers.log("hostile")
+    log = broker_batch.log
     assert "Traceback" not in log, log[log.find("Traceback") - 500 :][:3000]
 
 
 @pytest.mark.slow
-def test_broker_still_compacts_after_the_corpus(
-    broker_runs: dict[str, BrokerRun], broker: Broker
-) -> None:
-    transcripts = broker.transcripts
-    client = client_for(broker.workers)
-    try:
-        case = BY_NAME["forged-summary-message-id"]
-        doc = json.loads(case.build())
-        doc["conversation_id"] = "h-after-the-corpus"
-        client.submit(doc)
-        deadline = time.monotonic() + 60
-        events: list[CompactionEvent] = []
-        while time.monotonic() < deadline and not any(e.type in OUTCOMES for e in events):
-            time.sleep(0.05)
-            events = [e for _, e in client.events("h-after-the-corpus")]
-        assert [e.type for e in events] == ["compaction.completed"]
-        assert (transcripts / "h-after-the-corpus").is_dir()
-    finally:
-        client.close()
+def test_broker_still_compacts_after_the_corpus(broker_batch: Broker) -> None:
+    assert broker_batch.after_corpus_types == ["compaction.completed"]
+    assert broker_batch.after_corpus_written

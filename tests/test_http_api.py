@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import KEY_A, KEY_B, Stack, stack, wait_events  # noqa: F401 - fixtures
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from http_support import KEY_A, KEY_B, Stack, wait_events
+from service_support import conversation
 
 from worker.api.spec import DOC, openapi
 from worker.client import apply_compaction
@@ -55,7 +55,9 @@ def test_readyz_sees_a_worker_of_each_kind(stack: Stack) -> None:
         assert r.json()["ready"] is True and r.json()["missing_kinds"] == []
 
 
-def test_readyz_without_workers_is_503(redis_server: str, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+def test_readyz_without_workers_is_503(
+    redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     # another database of the same Redis: the module's worker is not on its broker
     other_db = redis_server.rsplit("/", 1)[0] + "/9"
     bare = Stack(tmp_path_factory.mktemp("bare"), other_db)

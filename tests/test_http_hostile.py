@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import httpx
 import pytest
 from http_support import KEY_A, KEY_B, Stack, wait_events
-from service_support import client_for, conversation, redis_server  # noqa: F401 - fixtures
+from service_support import client_for, conversation
+from webhook_support import Receiver
 
 from worker.api.auth import STORAGE_FAILED, Tenant
 from worker.api.proxy import ROUTES as PROXY_ROUTES
@@ -30,46 +28,6 @@ pytestmark = pytest.mark.slow
 
 CONV = "h-1"  # acme's conversation, compacted once (the ``compacted`` fixture)
 U64 = 2**64 - 1
-
-
-class Receiver:
-    """A webhook receiver on loopback: records every POST (headers, body), answers 204."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[dict[str, str], bytes]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                del format, args
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def events(self, type_: str, count: int, timeout_s: float = 60) -> list[tuple[str, Any]]:
-        """(Host header, event) of the received events of ``type_``, waited for until there
-        are ``count``."""
-        deadline = time.monotonic() + timeout_s
-        found: list[tuple[str, Any]] = []
-        while time.monotonic() < deadline:
-            received = [(h["host"], json.loads(b)) for h, b in self.received]
-            found = [(host, e) for host, e in received if e["type"] == type_]
-            if len(found) >= count:
-                return found
-            time.sleep(0.05)
-        raise AssertionError(f"{count} {type_} not delivered: {found}")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_support import KEY_A, Stack
-from service_support import redis_server  # noqa: F401 - fixture
+from http_support import KEY_A, Stack, proxy_config, running_stack
 from test_http_proxy import openai_pairs_intact, tokens
 
 from worker.testing.standin_llm import StandinLLM
@@ -90,21 +89,11 @@ def llm() -> Iterator[StandinLLM]:
 
 
 @pytest.fixture(scope="module")
-def stack(  # type: ignore[no-untyped-def]
-    redis_server: str,
-    llm: StandinLLM,
-    tmp_path_factory,
+def stack(
+    redis_server: str, llm: StandinLLM, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    extra = f"""auto_compact_threshold_tokens = 4000
-auto_compact_threshold_percent = "none"
-[proxy]
-openai_base_url = "{llm.openai_base_url}"
-"""
-    s = Stack(tmp_path_factory.mktemp("proxy-node"), redis_server, extra=extra)
-    try:
-        yield s.start()
-    finally:
-        s.stop()
+    with running_stack(tmp_path_factory.mktemp("proxy-node"), redis_server, proxy_config(llm)) as s:
+        yield s
 
 
 def run_node(work: Path, stack: Stack, conversation_id: str) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from http_support import KEY_A, KEY_B, Stack, wait_events
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from http_support import KEY_A, KEY_B, Stack, proxy_config, running_stack, wait_events
+from service_support import conversation
 
 from worker.testing.standin_llm import Fault, StandinLLM
 from worker.tokens import count_tokens
@@ -33,22 +33,13 @@ def llm() -> Iterator[StandinLLM]:
 
 
 @pytest.fixture(scope="module")
-def stack(  # type: ignore[no-untyped-def]
-    redis_server: str,
-    llm: StandinLLM,
-    tmp_path_factory,
+def stack(
+    redis_server: str, llm: StandinLLM, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    extra = f"""auto_compact_threshold_tokens = 4000
-auto_compact_threshold_percent = "none"
-[proxy]
-openai_base_url = "{llm.openai_base_url}"
-anthropic_base_url = "{llm.anthropic_base_url}"
-"""
-    s = Stack(tmp_path_factory.mktemp("proxy"), redis_server, extra=extra)
-    try:
-        yield s.start()
-    finally:
-        s.stop()
+    with running_stack(
+        tmp_path_factory.mktemp("proxy"), redis_server, proxy_config(llm, anthropic=True)
+    ) as s:
+        yield s
 
 
 _CLIENTS: list[Any] = []

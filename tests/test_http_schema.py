@@ -12,7 +12,6 @@ import schemathesis
 from http_support import KEY_A, Stack
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
-from service_support import redis_server  # noqa: F401 - fixtures
 
 from worker.api.spec import DOC
 

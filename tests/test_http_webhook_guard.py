@@ -9,10 +9,7 @@ import ipaddress
 import shutil
 import ssl
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from webhook_support import Receiver
 
 from worker.api import webhooks
 from worker.api.webhooks import (
@@ -87,51 +85,6 @@ def test_urls_that_cannot_be_called_are_refused_with_a_reason() -> None:
 # --- deliveries pinned to the checked address ---------------------------------------------------
 
 
-class Receiver:
-    """A receiver on 127.0.0.1 (TLS with ``tls``): records (Host header, body) of each POST,
-    and the server names clients asked for in the TLS handshake."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.received: list[tuple[str, bytes]] = []
-        self.server_names: list[str | None] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.received.append((self.headers["Host"], body))
-                self.send_response(204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                del format, args
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        if tls is not None:
-
-            def server_name(_sock: Any, name: str | None, _ctx: Any) -> None:
-                self.server_names.append(name)
-
-            tls.sni_callback = server_name
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    try:
-        yield r
-    finally:
-        r.close()
-
-
 class Resolver:
     """Stands in for DNS (not ours) in the guard's one lookup: answers ``answers`` in turn
     (the last one from then on), and counts the lookups."""
@@ -166,7 +119,7 @@ def test_the_sender_connects_to_the_checked_address_and_never_looks_up_again(
 
     assert asyncio.run(run()) == 204
     assert resolver.lookups == [("hooks.invalid", receiver.port)]  # one lookup: the guard's
-    assert receiver.received == [(f"hooks.invalid:{receiver.port}", b'{"a": 1}')]
+    assert receiver.hosts_and_bodies() == [(f"hooks.invalid:{receiver.port}", b'{"a": 1}')]
 
 
 def test_a_name_that_rebinds_inward_is_refused_at_the_next_attempt(
@@ -238,7 +191,9 @@ def test_a_pinned_tls_delivery_checks_the_certificate_against_the_urls_host(
     try:
         if certified == "hooks.example.test":
             assert asyncio.run(run()) == 204
-            assert receiver.received == [(f"hooks.example.test:{receiver.port}", b'{"a": 1}')]
+            assert receiver.hosts_and_bodies() == [
+                (f"hooks.example.test:{receiver.port}", b'{"a": 1}')
+            ]
         else:  # the address answered, with a certificate for another name: refused
             with pytest.raises(httpx.ConnectError, match="certificate"):
                 asyncio.run(run())

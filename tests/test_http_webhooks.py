@@ -5,55 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from http_support import KEY_B, Stack
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from service_support import conversation
+from webhook_support import Receiver
 
 from worker.api.webhooks import SIGNATURE_HEADER, UnsafeUrl, check_url, sign, verify
 
 pytestmark = pytest.mark.slow
-
-
-class Receiver:
-    """A webhook receiver: records every POST; answers ``fail_first`` of them with 500."""
-
-    def __init__(self, fail_first: int = 0) -> None:
-        self.received: list[tuple[dict[str, str], bytes]] = []
-        self.fail_first = fail_first
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                outer.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                failing = len(outer.received) <= outer.fail_first
-                self.send_response(500 if failing else 204)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                del format, args
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def wait(self, count: int, timeout_s: float = 30) -> list[tuple[dict[str, str], bytes]]:
-        deadline = time.monotonic() + timeout_s
-        while len(self.received) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(self.received) >= count, self.received
-        return self.received
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +28,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server: str, tmp_path_factory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     extra = "[webhooks]\nallow_private = true\nbackoff_s = 0.2\n"
     s = Stack(tmp_path_factory.mktemp("hooks"), redis_server, extra=extra)
     try:

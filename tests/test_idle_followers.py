@@ -20,21 +20,19 @@ from typing import Any
 
 import pytest
 from blocking_support import check_blocking_reads, client_of, published
-from cluster_support import SentinelServers, cluster_url, redis_cluster  # noqa: F401 - fixtures
-from follower_support import (  # noqa: F401 - fixtures
+from cluster_support import SentinelServers
+from follower_support import (
     AsyncFollower,
     Receiver,
     SseFollower,
     SyncFollower,
-    receiver,
-    serve,
     wait_until,
     warnings_in,
 )
 from http_support import Stack
 from packaging.requirements import Requirement
 from packaging.version import Version
-from service_support import REPO_ROOT, redis_server, redis_url  # noqa: F401 - fixtures
+from service_support import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from http_support import KEY_A, KEY_B, Stack, stack  # noqa: F401 - fixtures
+from http_support import KEY_A, KEY_B, Stack
 from inspector_support import browser, csrf_of, sign_in, submit, wait_for_type
-from service_support import REPO_ROOT, conversation, redis_server  # noqa: F401 - fixtures
+from service_support import REPO_ROOT, conversation
 
 from worker.api.pages import message_anchor, path_part
 from worker.wire.formats import source_ids

@@ -20,9 +20,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from http_support import KEY_A, KEY_B, Stack, stack  # noqa: F401 - fixtures
+from http_support import KEY_A, KEY_B, Stack
 from inspector_support import submit, wait_for_type
-from service_support import REPO_ROOT, client_for, conversation, redis_server  # noqa: F401
+from service_support import REPO_ROOT, client_for, conversation
 
 from worker.backend import keys
 

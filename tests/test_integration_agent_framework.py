@@ -8,17 +8,10 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import redis
-from service_support import (  # noqa: F401 - fixtures
-    Workers,
-    client_for,
-    redis_server,
-    write_config,
-)
+from service_support import StartedWorkers, started_workers
 
 pytest.importorskip("agent_framework")
 
@@ -50,22 +43,11 @@ SUMMARY = "[compaction-worker summary]"
 
 
 @pytest.fixture(scope="module")
-def cluster(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    base = tmp_path_factory.mktemp("agent-framework")
-    r = redis.Redis.from_url(redis_server)
-    r.flushdb()
-    r.close()
-    config = write_config(base / "compactor.toml", base / "transcripts")
-    logs = base / "logs"
-    logs.mkdir()
-    workers = Workers(redis_server, config, logs)
-    workers.start("w1", concurrency=2)
-    client = client_for(workers)
-    try:
-        yield SimpleNamespace(workers=workers, client=client)
-    finally:
-        client.close()
-        workers.stop_all()
+def cluster(
+    redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StartedWorkers]:
+    with started_workers(redis_server, tmp_path_factory.mktemp("agent-framework")) as started:
+        yield started
 
 
 async def wait_until(predicate: Callable[[], bool], what: Callable[[], Any] = str) -> None:

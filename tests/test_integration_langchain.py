@@ -13,11 +13,9 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain.agents import create_agent
@@ -37,12 +35,10 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 from pydantic import Field
-from service_support import (  # noqa: F401 - fixtures
+from service_support import (
     REPO_ROOT,
-    Workers,
-    client_for,
-    redis_server,
-    write_config,
+    StartedWorkers,
+    started_workers,
 )
 
 from worker.core.projection import count_request_tokens
@@ -265,24 +261,15 @@ SYSTEM = "You are a coding agent."
 
 
 @pytest.fixture(scope="module")
-def cluster(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def cluster(
+    redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StartedWorkers]:
     """One worker process (evaluate + summarize, offline digest) for the module; conversation
     ids are distinct per test."""
-    base = tmp_path_factory.mktemp("langchain")
-    r = redis.Redis.from_url(redis_server)
-    r.flushdb()
-    r.close()
-    config = write_config(base / "compactor.toml", base / "transcripts", 'mode = "local_only"\n')
-    logs = base / "logs"
-    logs.mkdir()
-    workers = Workers(redis_server, config, logs)
-    workers.start("w1", concurrency=2)
-    client = client_for(workers)
-    try:
-        yield SimpleNamespace(workers=workers, client=client)
-    finally:
-        client.close()
-        workers.stop_all()
+    with started_workers(
+        redis_server, tmp_path_factory.mktemp("langchain"), 'mode = "local_only"\n'
+    ) as started:
+        yield started
 
 
 def wait_until(predicate: Callable[[], bool], what: Callable[[], Any] = str) -> None:

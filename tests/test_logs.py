@@ -10,16 +10,7 @@ from typing import Any
 
 import pytest
 from fault_support import wait_until
-from service_support import (  # noqa: F401 - fixtures
-    Workers,
-    broker,
-    client_for,
-    conversation,
-    redis_server,
-    redis_url,
-    service_env,
-    wait_for_outcome,
-)
+from service_support import Workers, client_for, conversation, wait_for_outcome
 
 pytestmark = pytest.mark.slow
 

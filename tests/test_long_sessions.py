@@ -14,8 +14,7 @@ from typing import Any
 
 import openai
 import pytest
-from http_support import KEY_A, Stack
-from service_support import redis_server  # noqa: F401 - fixtures
+from http_support import KEY_A, Stack, proxy_config, running_stack
 
 from worker.core.projection import count_request_tokens
 from worker.testing.standin_llm import StandinLLM
@@ -30,6 +29,7 @@ THRESHOLD = 2000
 TURNS = 200
 RESTART_AT = 100
 OUTCOME_WAIT_S = 120.0  # generous: the machine is shared
+LONG_SESSION_CONFIG = "preserve_recent_user_tokens = 300\nmax_persisted_transcripts = 5\n"
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +42,12 @@ def llm() -> Iterator[StandinLLM]:
 def stack(
     redis_server: str, llm: StandinLLM, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    extra = f"""auto_compact_threshold_tokens = {THRESHOLD}
-auto_compact_threshold_percent = "none"
-preserve_recent_user_tokens = 300
-max_persisted_transcripts = 5
-[proxy]
-openai_base_url = "{llm.openai_base_url}"
-"""
-    s = Stack(tmp_path_factory.mktemp("long"), redis_server, extra=extra)
-    try:
-        yield s.start()
-    finally:
-        s.stop()
+    with running_stack(
+        tmp_path_factory.mktemp("long"),
+        redis_server,
+        proxy_config(llm, threshold_tokens=THRESHOLD, extra=LONG_SESSION_CONFIG),
+    ) as s:
+        yield s
 
 
 def user_turn(k: int) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from service_support import redis_server, redis_url  # noqa: F401 - fixtures: a real Redis
 
 from worker.cache import ContentCache, Recorder
 from worker.config import Settings

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import REPO_ROOT
-from store_support import S3Server, s3_environment, s3_server  # noqa: F401 - fixtures
+from store_support import S3Server
 from test_cli import fixture, save, stdout_events
 
 from worker.client import Client

@@ -19,31 +19,20 @@ from typing import Any
 import pytest
 import redis
 import redis.cluster
-from cluster_support import (  # noqa: F401 - fixtures
-    SentinelServers,
-    cluster_url,
-    redis_cluster,
-    wait_for,
-)
-from fault_support import (  # noqa: F401 - fixtures
+from cluster_support import SentinelServers, wait_for
+from fault_support import (
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
+    MakeCluster,
     check_consistency,
     llm_section,
-    make_cluster_fixture,
     reconcile_until,
     small,
     tagged,
     wait_until,
 )
 from http_support import Stack
-from service_support import (  # noqa: F401 - fixtures
-    client_for,
-    redis_server,
-    redis_url,
-    service_env_on,
-    wait_for_outcome,
-)
+from service_support import client_for, service_env_on, wait_for_outcome
 
 from worker.backend import keys
 from worker.backend.queues import broker_url
@@ -186,7 +175,7 @@ def test_announcements_reach_a_subscriber_on_any_node_and_async_readers_follow(
 
 @pytest.mark.slow
 def test_a_cluster_master_killed_mid_load_and_restarted_loses_no_pending_work(
-    make_cluster,  # type: ignore[no-untyped-def]
+    make_cluster: MakeCluster,
 ) -> None:
     """SIGKILL one of the three masters while summaries are in flight, start it again from
     its AOF and nodes.conf: every conversation, those in its slots too, gets its outcome

@@ -20,15 +20,7 @@ import pytest
 import redis
 from amqp import spec
 from jsonschema import Draft202012Validator
-from service_support import (  # noqa: F401 - fixtures: a real Redis and real workers
-    broker,
-    conversation,
-    purge_queues,
-    rabbitmq_server,
-    redis_server,
-    redis_url,
-    service_env,
-)
+from service_support import ServiceEnv, conversation, purge_queues
 
 from worker.backend.queues import TaskSender
 from worker.client import apply_compaction
@@ -176,7 +168,7 @@ def assert_completed_and_applies(outcome: dict[str, Any], snapshot: dict[str, An
 
 
 def test_a_snapshot_submitted_as_documented_is_compacted_and_its_events_read_as_documented(
-    service_env,  # type: ignore[no-untyped-def]
+    service_env: ServiceEnv,
     redis_url: str,
 ) -> None:
     _, make = service_env
@@ -303,7 +295,7 @@ def test_the_documented_amqp_publish_is_what_the_python_client_publishes(
 
 @pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
 def test_a_snapshot_submitted_as_documented_with_rabbitmq_as_the_broker_is_compacted(
-    service_env,  # type: ignore[no-untyped-def]
+    service_env: ServiceEnv,
     redis_url: str,
 ) -> None:
     _, make = service_env

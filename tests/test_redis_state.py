@@ -12,12 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import cluster_url, redis_cluster  # noqa: F401 - fixtures
-from service_support import (  # noqa: F401 - fixtures: a real Redis
-    conversation,
-    redis_server,
-    redis_url,
-)
+from service_support import conversation
 
 from worker.backend import keys
 from worker.backend.redis_state import RedisState, connect

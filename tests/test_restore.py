@@ -13,10 +13,10 @@ from typing import Any
 
 import openai
 import pytest
-from http_support import KEY_A, KEY_B, Stack
+from http_support import KEY_A, KEY_B, Stack, proxy_config, running_stack
 from inspector_support import submit, wait_for_type
 from jsonschema import Draft202012Validator
-from service_support import REPO_ROOT, client_for, conversation, redis_server  # noqa: F401
+from service_support import REPO_ROOT, client_for, conversation
 
 from worker.backend import keys
 from worker.client import apply_compaction
@@ -39,16 +39,8 @@ def llm() -> Iterator[StandinLLM]:
 def stack(
     redis_server: str, llm: StandinLLM, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    extra = f"""auto_compact_threshold_tokens = 4000
-auto_compact_threshold_percent = "none"
-[proxy]
-openai_base_url = "{llm.openai_base_url}"
-"""
-    s = Stack(tmp_path_factory.mktemp("restore"), redis_server, extra=extra)
-    try:
-        yield s.start()
-    finally:
-        s.stop()
+    with running_stack(tmp_path_factory.mktemp("restore"), redis_server, proxy_config(llm)) as s:
+        yield s
 
 
 def restore(stack: Stack, conversation_id: str, event_id: str, **body: Any) -> Any:

@@ -1,38 +1,44 @@
 """End to end through a real Redis and real Celery worker processes (no eager mode); the tests
 marked ``ON_BOTH_BROKERS`` run twice: task messages on Redis, then on RabbitMQ (the state in
 Redis either way); the tests taking ``any_service_env`` also run with the state on a Redis
-Cluster."""
+Cluster.
+
+Worker processes start once per module and way of running them (:class:`RunningStacks`); each
+test on them starts from an emptied state (the service's ``cw:*`` keys and the transcripts),
+its own conversation ids. A test about starting, stopping or replacing a worker makes its own
+(``service_env``)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-from cluster_support import cluster_service_env, cluster_url, redis_cluster  # noqa: F401
-from service_support import (  # noqa: F401 - fixtures
+from cluster_support import RedisClusterServers
+from service_support import (
     BROKERS,
-    broker,
+    ServiceEnv,
+    Workers,
     client_for,
     conversation,
-    purge_queues,
-    rabbitmq_server,
-    redis_server,
-    redis_url,
-    service_env,
-    service_env_on,
+    rabbitmq_vhost,
     settled_counters,
     wait_for_outcome,
+    write_config,
 )
 
+from worker.backend import keys
+from worker.backend.embedded import EmbeddedRedis
 from worker.backend.queues import EVALUATE_QUEUE, broker_connection
-from worker.client import EventMismatch, apply_compaction
+from worker.client import Client, EventMismatch, apply_compaction
 from worker.config import Settings, load_settings
 from worker.pipeline import evaluate, snapshot_context, tokens_of
 from worker.reuse import Reuse
@@ -43,25 +49,101 @@ pytestmark = pytest.mark.slow
 ON_BOTH_BROKERS = pytest.mark.parametrize("broker", BROKERS, indirect=True)
 
 
+STATE_SETTLE_S = 60.0  # how long a test's leftover work may take to finish, at most
+
+
+@dataclass
+class RunningStack:
+    """Started workers on a private Redis (the state, or only the queues for a cluster state)."""
+
+    workers: Workers
+    transcripts: Path
+    state: redis.Redis | redis.RedisCluster
+
+    def reset(self) -> None:
+        """An emptied state for the next test: wait until the last test's conversations are
+        settled (nothing pending), then delete the service's keys and transcripts. The broker's
+        own keys (kombu's bindings, Celery's) stay, so the workers go on consuming."""
+        deadline = time.monotonic() + STATE_SETTLE_S
+        while self.state.zcard(keys.PENDING):
+            assert time.monotonic() < deadline, "the previous test's work never settled"
+            time.sleep(0.05)
+        for key in list(self.state.scan_iter(match=f"{keys.PREFIX}*")):
+            self.state.delete(key)
+        shutil.rmtree(self.transcripts, ignore_errors=True)
+        for client in self.workers.clients:
+            client.close()
+        self.workers.clients.clear()
+
+
+class RunningStacks:
+    """One started stack per way of running the workers, made when a test first needs it and
+    stopped with the module."""
+
+    def __init__(self, request: pytest.FixtureRequest, root: Path) -> None:
+        self.request, self.root = request, root
+        self.stacks: dict[str, RunningStack] = {}
+        self.exit = contextlib.ExitStack()
+
+    def get(self, kind: str) -> RunningStack:
+        if kind not in self.stacks:
+            self.stacks[kind] = self._start(kind)
+        stack = self.stacks[kind]
+        stack.reset()
+        return stack
+
+    def _start(self, kind: str) -> RunningStack:
+        root = self.root / kind
+        (root / "redis").mkdir(parents=True)
+        (root / "logs").mkdir()
+        private = self.exit.enter_context(EmbeddedRedis(directory=root / "redis"))
+        state_url, broker_url = private, None
+        if kind == "rabbitmq":  # a vhost of its own: its worker must not take other tests' tasks
+            broker_url = self.exit.enter_context(rabbitmq_vhost())
+        elif kind == "redis-cluster":
+            cluster: RedisClusterServers = self.request.getfixturevalue("redis_cluster")
+            cluster.wait_ok()
+            cluster.flush()
+            state_url, broker_url = cluster.url, private
+        transcripts = root / "transcripts"
+        config = write_config(root / "compactor.toml", transcripts, broker_url=broker_url)
+        workers = Workers(state_url, config, root / "logs", broker=broker_url)
+        self.exit.callback(workers.stop_all)
+        workers.start("w1")
+        owner = Client(workers.settings())  # not one of the workers' clients: reset closes those
+        self.exit.callback(owner.close)
+        return RunningStack(workers, transcripts, owner.state.client)
+
+    def close(self) -> None:
+        self.exit.close()
+
+
+@pytest.fixture(scope="module")
+def running_stacks(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningStacks]:
+    stacks = RunningStacks(request, tmp_path_factory.mktemp("e2e-running"))
+    try:
+        yield stacks
+    finally:
+        stacks.close()
+
+
 @pytest.fixture(params=["redis", "rabbitmq", "redis-cluster"])
-def any_service_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """``service_env`` three ways: all on one Redis; task messages on RabbitMQ (the state on
+def any_running(request: pytest.FixtureRequest, running_stacks: RunningStacks) -> Workers:
+    """Started workers three ways: all on one Redis; task messages on RabbitMQ (the state on
     Redis); the state on a 3-master Redis Cluster (the queues on a standalone Redis)."""
-    if request.param == "redis-cluster":
-        yield request.getfixturevalue("cluster_service_env")
-        return
-    broker_url = None
-    if request.param == "rabbitmq":
-        broker_url = request.getfixturevalue("rabbitmq_server")
-        purge_queues(broker_url)
-    yield from service_env_on(tmp_path, request.getfixturevalue("redis_url"), broker_url=broker_url)
+    return running_stacks.get(request.param).workers
 
 
-def test_over_threshold_yields_one_completed_event_that_applies(any_service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = any_service_env
-    workers = make()
-    workers.start("w1")
-    client = client_for(workers)
+@pytest.fixture
+def running(running_stacks: RunningStacks) -> RunningStack:
+    """Started workers with everything on one Redis."""
+    return running_stacks.get("redis")
+
+
+def test_over_threshold_yields_one_completed_event_that_applies(any_running: Workers) -> None:
+    client = client_for(any_running)
     snap = conversation("c-over", 12)
     assert client.submit(snap).status == "queued"
     events = wait_for_outcome(client, "c-over")
@@ -89,11 +171,8 @@ def test_over_threshold_yields_one_completed_event_that_applies(any_service_env)
     assert [e.type for _, e in client.events("c-over")] == ["compaction.completed"]
 
 
-def test_under_threshold_is_skipped(any_service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = any_service_env
-    workers = make()
-    workers.start("w1")
-    client = client_for(workers)
+def test_under_threshold_is_skipped(any_running: Workers) -> None:
+    client = client_for(any_running)
     client.submit(conversation("c-under", 2, window=100_000))
     events = wait_for_outcome(client, "c-under")
     assert [e.type for e in events] == ["compaction.skipped"]
@@ -108,7 +187,9 @@ def test_under_threshold_is_skipped(any_service_env) -> None:  # type: ignore[no
     assert "compactor_snapshots_evaluated_total 1" in text
 
 
-def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(service_env) -> None:  # type: ignore[no-untyped-def]
+def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(
+    service_env: ServiceEnv,
+) -> None:
     """The conversation's memo travels in Redis: a worker process that never saw it counts
     and compresses only what the new snapshot adds."""
     _, make = service_env
@@ -137,11 +218,9 @@ def test_a_grown_conversation_on_a_fresh_worker_counts_only_its_new_messages(ser
     )
 
 
-def test_invalid_snapshot_through_the_broker_is_rejected(service_env) -> None:  # type: ignore[no-untyped-def]
-    transcripts, make = service_env
-    workers = make()
-    workers.start("w1")
-    client = client_for(workers)
+def test_invalid_snapshot_through_the_broker_is_rejected(running: RunningStack) -> None:
+    transcripts = running.transcripts
+    client = client_for(running.workers)
     bad = conversation("c-bad", 2)
     bad["messages"].append({"role": "tool", "tool_call_id": "nope", "content": "orphan"})
     client.submit(bad)
@@ -152,7 +231,7 @@ def test_invalid_snapshot_through_the_broker_is_rejected(service_env) -> None:  
 
 
 @ON_BOTH_BROKERS
-def test_broker_message_is_small_whatever_the_snapshot_size(service_env) -> None:  # type: ignore[no-untyped-def]
+def test_broker_message_is_small_whatever_the_snapshot_size(service_env: ServiceEnv) -> None:
     _, make = service_env
     workers = make()  # not started: the message stays in the queue for inspection
     client = client_for(workers)
@@ -176,11 +255,8 @@ def test_broker_message_is_small_whatever_the_snapshot_size(service_env) -> None
     client.close()
 
 
-def test_a_burst_of_submissions_coalesces(any_service_env) -> None:  # type: ignore[no-untyped-def]
-    _, make = any_service_env
-    workers = make()
-    workers.start("w1", concurrency=4)
-    client = client_for(workers)
+def test_a_burst_of_submissions_coalesces(any_running: Workers) -> None:
+    client = client_for(any_running)  # a worker of concurrency 4
     for rev in range(100):
         snap = conversation("c-burst", 10, revision=rev)
         client.submit(snap)
@@ -193,7 +269,9 @@ def test_a_burst_of_submissions_coalesces(any_service_env) -> None:  # type: ign
 
 
 @ON_BOTH_BROKERS
-def test_submissions_waiting_in_the_queue_are_evaluated_once_for_the_latest(service_env) -> None:  # type: ignore[no-untyped-def]
+def test_submissions_waiting_in_the_queue_are_evaluated_once_for_the_latest(
+    service_env: ServiceEnv,
+) -> None:
     """How many of a running burst coalesce depends on how fast evaluations are; submissions
     that arrive while the conversation waits in the queue always do."""
     _, make = service_env
@@ -212,7 +290,7 @@ def test_submissions_waiting_in_the_queue_are_evaluated_once_for_the_latest(serv
     assert settled_counters(client, "c-queued")["snapshots_evaluated_total"] == 1
 
 
-def test_retention_keeps_exactly_the_configured_number(service_env) -> None:  # type: ignore[no-untyped-def]
+def test_retention_keeps_exactly_the_configured_number(service_env: ServiceEnv) -> None:
     transcripts, make = service_env
     workers = make("max_persisted_transcripts = 3")
     workers.start("w1")
@@ -240,7 +318,7 @@ max_retries = 1
 """
 
 
-def test_llm_summary_through_the_worker(service_env) -> None:  # type: ignore[no-untyped-def]
+def test_llm_summary_through_the_worker(service_env: ServiceEnv) -> None:
     from worker.testing.standin_llm import StandinLLM
 
     _, make = service_env
@@ -258,7 +336,7 @@ def test_llm_summary_through_the_worker(service_env) -> None:  # type: ignore[no
 
 
 @ON_BOTH_BROKERS
-def test_two_workers_never_compact_one_conversation_at_once(service_env) -> None:  # type: ignore[no-untyped-def]
+def test_two_workers_never_compact_one_conversation_at_once(service_env: ServiceEnv) -> None:
     from worker.testing.standin_llm import StandinLLM
 
     _, make = service_env

@@ -11,17 +11,11 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
-from service_support import (  # noqa: F401 - fixtures
-    Workers,
-    client_for,
-    redis_server,
-    write_config,
-)
+from service_support import StartedWorkers, started_workers
 
 from worker.backend import keys
 from worker.backend.embedded import EmbeddedRedis
@@ -40,26 +34,18 @@ SETTLE_S = 60.0  # generous: the machine is shared
 
 
 @pytest.fixture(scope="module")
-def cluster(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def cluster(
+    redis_server: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StartedWorkers]:
     """One worker process (evaluate + summarize) for the whole module; conversation ids are
     distinct per test, so nothing needs flushing between them."""
-    base = tmp_path_factory.mktemp("session")
-    r = redis.Redis.from_url(redis_server)
-    r.flushdb()
-    r.close()
-    config = write_config(
-        base / "compactor.toml", base / "transcripts", "max_persisted_transcripts = 200\n"
-    )
-    logs = base / "logs"
-    logs.mkdir()
-    workers = Workers(redis_server, config, logs)
-    workers.start("w1", concurrency=4)
-    client = client_for(workers)
-    try:
-        yield SimpleNamespace(workers=workers, client=client, url=redis_server)
-    finally:
-        client.close()
-        workers.stop_all()
+    with started_workers(
+        redis_server,
+        tmp_path_factory.mktemp("session"),
+        "max_persisted_transcripts = 200\n",
+        concurrency=4,
+    ) as started:
+        yield started
 
 
 # --- helpers ------------------------------------------------------------------------------

@@ -7,16 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from service_support import (  # noqa: F401 - fixtures
-    BROKERS,
-    broker,
-    client_for,
-    conversation,
-    rabbitmq_server,
-    redis_server,
-    redis_url,
-    service_env,
-)
+from service_support import BROKERS, ServiceEnv, client_for, conversation
 
 from worker.runtime.fleet import classify_workers
 
@@ -42,8 +33,8 @@ def status(run_cli: CliRunner, workers: Any) -> tuple[int, dict[str, Any], str]:
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_status_names_the_kinds_that_answer_and_fails_when_one_is_missing(
-    service_env, run_cli: CliRunner
-) -> None:  # type: ignore[no-untyped-def]
+    service_env: ServiceEnv, run_cli: CliRunner
+) -> None:
     _, make = service_env
     workers = make()
 

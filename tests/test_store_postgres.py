@@ -34,7 +34,6 @@ from typing import Any
 import pytest
 from fault_support import ALL_QUEUES, Cluster, tagged, wait_until
 from service_support import REPO_ROOT
-from store_support import postgres_database  # noqa: F401 - fixture
 
 from worker.config import Settings
 from worker.errors import ConfigError, StorageError

@@ -20,17 +20,8 @@ from typing import Any
 import pytest
 import redis
 from blocking_support import client_of, published
-from follower_support import (  # noqa: F401 - fixtures
-    AsyncFollower,
-    Receiver,
-    SseFollower,
-    SyncFollower,
-    receiver,
-    serve,
-    wait_until,
-)
+from follower_support import AsyncFollower, Receiver, SseFollower, SyncFollower, wait_until
 from http_support import Stack
-from service_support import redis_server, redis_url  # noqa: F401 - fixtures
 
 from worker.api.webhooks import GROUP
 from worker.backend import keys

@@ -16,13 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from store_support import (  # noqa: F401 - fixtures
-    postgres_database,
-    s3_environment,
-    s3_server,
-    store,
-    store_url,
-)
 
 from worker.errors import InvalidSnapshot, StorageError, TranscriptConflict
 from worker.transcripts import TranscriptKey, TranscriptStore, key_of_uri, transcript_name
