@@ -24,7 +24,7 @@ from conftest import CliRunner
 from fault_support import UNSET_KEY_ENV
 from http_support import KEY_B, Stack
 from inspector_support import submit, wait_for_type
-from service_support import client_for, conversation, redis_server  # noqa: F401
+from service_support import client_for, conversation
 
 from worker.backend import keys
 from worker.client import Client

@@ -12,15 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from service_support import (  # noqa: F401 - fixtures: a real Redis
-    broker,
-    client_for,
-    conversation,
-    redis_server,
-    redis_url,
-    service_env,
-    wait_for_outcome,
-)
+from service_support import client_for, conversation, wait_for_outcome
 
 from worker.backend import keys
 from worker.client import Client

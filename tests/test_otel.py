@@ -15,17 +15,7 @@ from typing import Any
 
 import pytest
 from otlp_support import OtlpReceiver, ReceivedSpan
-from service_support import (  # noqa: F401 - fixtures: a real Redis, real workers
-    BROKERS,
-    REPO_ROOT,
-    broker,
-    conversation,
-    rabbitmq_server,
-    redis_server,
-    redis_url,
-    service_env,
-    wait_for_outcome,
-)
+from service_support import BROKERS, REPO_ROOT, conversation, wait_for_outcome
 
 from worker.backend.queues import task_message
 from worker.client import Client

@@ -13,15 +13,7 @@ from typing import Any
 
 import pytest
 from redaction_samples import PLANTED, Planted
-from service_support import (  # noqa: F401 - fixtures
-    broker,
-    client_for,
-    conversation,
-    redis_server,
-    redis_url,
-    service_env,
-    wait_for_outcome,
-)
+from service_support import client_for, conversation, wait_for_outcome
 
 from worker.config import Settings
 from worker.core.inspection import compaction_view

@@ -21,7 +21,7 @@ import pytest
 from http_support import KEY_A, KEY_B, Stack
 from inspector_support import csrf_of, sign_in, submit, wait_for_type
 from jsonschema import Draft202012Validator
-from service_support import REPO_ROOT, client_for, conversation, redis_server  # noqa: F401
+from service_support import REPO_ROOT, client_for, conversation
 
 from worker.backend import keys
 from worker.client import apply_compaction

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from http_support import Stack
 from inspector_support import submit, wait_for_type
-from service_support import conversation, redis_server  # noqa: F401 - fixtures
+from service_support import conversation
 
 from worker.api.webhooks import SIGNATURE_HEADER, Answer, decided, read_answer, sign, verify
 from worker.wire.events import SUMMARY_MARKER
