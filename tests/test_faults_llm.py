@@ -334,3 +334,28 @@ def test_a_dead_endpoint_trips_the_breaker_and_nothing_waits(make_cluster, dead_
     assert all(cluster.raw.llen(k) == 0 for k in queues), "work left queued"
     check_consistency(cluster, {conv: {1: tagged(conv, 1)} for conv in prefer + later})
     assert not Path(cluster.transcripts, remote[0]).exists()
+
+
+DEGENERATE = "I'll be happy to help you with that! " * 4  # short: room left for any appendix
+
+
+def test_a_degenerate_answer_is_gated_on_the_models_own_text(env) -> None:  # type: ignore[no-untyped-def]
+    """A model that answers only pleasantries keeps none of the range's facts: under
+    ``prefer_remote`` the gate, scoring the model's own text before any repair of ours, replaces
+    it with the digest and says why; ``remote_only`` (no gate) publishes it repaired, with the
+    score of the model's own text."""
+    cluster, llm = env
+    llm.default_fault = Fault(text=DEGENERATE)
+    prefer, remote = "c-degenerate-p", "c-degenerate-r"
+    cluster.client.submit(tagged(prefer, 1))
+    cluster.client.submit(tagged(remote, 1, mode="remote_only"))
+    assert_fell_back(cluster.wait_outcome(prefer, 1), "summary_fidelity")
+    event = cluster.wait_outcome(prefer, 1)
+    assert event.compaction is not None
+    assert "happy to help" not in event.compaction.summary.text
+    assert len(requests_for(llm.requests, prefer)) == 1  # answered, then refused by the gate
+    published = cluster.wait_outcome(remote, 1)
+    assert isinstance(published, CompletedEvent) and published.compaction is not None
+    summary = published.compaction.summary
+    assert summary.source == "llm" and summary.fidelity is not None
+    assert summary.fidelity.score < 0.5 and summary.fidelity.repaired > 0

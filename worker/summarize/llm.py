@@ -87,7 +87,7 @@ T = TypeVar("T")
 MIN_INPUT_CHARS = 512  # below this not even the wrappers and one line of text fit
 _GRACE_S = 1.0  # the loop enforces deadlines itself; this only guards against a stuck loop
 _CLOSE_TIMEOUT_S = 5.0
-_HINT_SHARE = 0.85  # the token budget we *ask* for, leaving room for the marker and must-keeps
+_HINT_SHARE = 0.85  # the token budget we *ask* for, leaving room for the marker and repairs
 # Runtimes inherited from a parent process: kept referenced so they are never finalized here.
 _INHERITED: list[_Runtime] = []
 
@@ -128,7 +128,7 @@ class LLMSummarizer:
             )
         job = _Job(self, request, deadline=deadline, secret=secret)
         body, chunks = job.run()
-        summary = _finish(body, request, chunks=chunks, secret=secret)
+        summary = _finish(body, request, chunks=chunks)
         log.debug(
             "LLM summary for %s@%d: %d chunks, %d tokens%s",
             request.conversation_id,
@@ -440,8 +440,12 @@ def _clean(answer: str, secret: Secret | None) -> str:
     return scrub(P.strip_marker(answer), secret)
 
 
-def _finish(body: str, request: SummaryRequest, *, chunks: int, secret: Secret | None) -> Summary:
-    """Marker + answer within ``max_output_tokens``, missing must-keeps appended where they fit."""
+def _finish(body: str, request: SummaryRequest, *, chunks: int) -> Summary:
+    """Marker + the model's own answer within ``max_output_tokens``.
+
+    Nothing of ours is added: the pipeline scores this text against ``min_summary_fidelity``
+    and only then repairs what it lacks (worker/core/fidelity.py), so a repair can never lift
+    a poor answer over the gate."""
     model = request.model
     limit = request.max_output_tokens
     if count_tokens(SUMMARY_MARKER + "\n", model) >= limit:
@@ -449,8 +453,6 @@ def _finish(body: str, request: SummaryRequest, *, chunks: int, secret: Secret |
             "max_output_tokens leaves no room for a summary", code="summary_too_long"
         )
     text, truncated = fit_tokens(f"{SUMMARY_MARKER}\n{body}", limit, model)
-    items = [scrub(i, secret) for i in _distinct(request.must_keep)]
-    text = append_missing(text, items, min(limit, request.source_tokens), model)
     tokens = count_tokens(text, model)
     if tokens > request.source_tokens:
         raise SummaryError(
@@ -484,26 +486,6 @@ def fit_tokens(text: str, limit: int, model: str | None) -> tuple[str, bool]:
             return cut, True
         keep -= 1
     return "", True
-
-
-def append_missing(text: str, items: Sequence[str], limit: int, model: str | None) -> str:
-    """``text`` plus a final section with each must-keep item it lacks, as many as fit."""
-    present = _normalized(text)
-    missing = [item for item in items if _normalized(item) not in present]
-    if not missing:
-        return text
-    out = f"{text}\n\n{P.MUST_KEEP_HEADING}"
-    added = False
-    for item in missing:
-        candidate = f"{out}\n- {item}"
-        if count_tokens(candidate, model) <= limit:
-            out, added = candidate, True
-    return out if added else text
-
-
-def _normalized(text: str) -> str:
-    # Models reflow whitespace; a path or error is still "kept" if only spacing changed.
-    return " ".join(text.split())
 
 
 def _distinct(items: Sequence[str]) -> list[str]:

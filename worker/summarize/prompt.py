@@ -28,7 +28,6 @@ SECTIONS = (
     "Open questions",
     "Next steps",
 )
-MUST_KEEP_HEADING = "## Must keep (verbatim)"
 _CONTINUED = "[continued]\n"
 _SEP = "\n\n"
 
