@@ -33,6 +33,7 @@ from fault_support import (  # noqa: F401 - fixtures
     wait_until,
 )
 
+from worker.summarize.prompt import CUT_NOTE
 from worker.testing.standin_llm import Fault, StandinLLM
 from worker.wire.events import CompactionEvent, CompletedEvent, FailedEvent
 
@@ -209,6 +210,7 @@ def test_an_overlong_answer_is_cut_to_the_bound(env) -> None:  # type: ignore[no
     assert event.compaction is not None and event.trigger is not None
     summary = event.compaction.summary
     assert summary.source == "llm" and summary.truncated
+    assert CUT_NOTE in summary.text and "filler" not in summary.text  # the fragment is gone
     assert summary.tokens <= MAX_OUTPUT_TOKENS
     assert event.compaction.tokens_after < event.trigger.threshold_tokens  # type: ignore[operator]
     assert len(requests_for(llm.requests, "c-overlong")) == 1

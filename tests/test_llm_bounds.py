@@ -12,7 +12,7 @@ from worker.config import LLMConfig
 from worker.errors import SummaryError
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.summarize.llm import LLMSummarizer
-from worker.summarize.prompt import SECTIONS
+from worker.summarize.prompt import CUT_NOTE, SECTIONS
 from worker.testing.standin_llm import Fault, RecordedRequest, StandinLLM, standin_summary
 from worker.tokens import count_tokens
 from worker.wire.models import Message, ToolCall
@@ -212,18 +212,49 @@ def test_must_keep_items_are_passed_and_the_answer_is_the_models_own(llm: Standi
     assert count_tokens(summary.text, req.model) == summary.tokens <= req.max_output_tokens
 
 
-@pytest.mark.parametrize("provider", ["openai", "anthropic"])
-def test_an_overlong_answer_is_cut_at_a_token_boundary(llm: StandinLLM, provider: str) -> None:
-    llm.enqueue(Fault(overlong=True))
+def test_an_answer_over_the_bound_is_cut_at_a_token_boundary(llm: StandinLLM) -> None:
+    llm.enqueue(Fault(text=" ".join(f"word{i}" for i in range(2000))))  # finish_reason: stop
     req = request(conversation(2), max_output_tokens=100)
-    with make(llm, provider) as summarizer:
+    with make(llm) as summarizer:
         summary = summarizer.summarize(req)
     assert summary.truncated is True
     assert_bounds(llm, req, summary.text, summary.tokens)
     assert summary.tokens >= 95  # cut near the bound, not far below it
-    said = standin_summary(llm.requests[0].user_text, 100, overlong=True)
-    body = summary.text.split("\n", 1)[1]
-    assert said.startswith(body)
+    assert "word0 word1 word2".startswith(summary.text.split("\n", 1)[1][:17])
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_an_answer_the_server_cut_ends_at_its_last_sentence(llm: StandinLLM, provider: str) -> None:
+    """``finish_reason: length`` / ``stop_reason: max_tokens``: the fragment after the last
+    complete sentence is dropped, the summary says it was cut, and ``truncated`` is true."""
+    llm.enqueue(Fault(text="## Goal\nFix the parser. It fails on empty inp", overlong=True))
+    req = request(conversation(2))
+    with make(llm, provider) as summarizer:
+        summary = summarizer.summarize(req)
+    assert summary.truncated is True
+    assert summary.text == f"{SUMMARY_MARKER}\n## Goal\nFix the parser.\n{CUT_NOTE}"
+    assert_bounds(llm, req, summary.text, summary.tokens)
+
+
+def test_a_partial_the_server_cut_marks_the_summary_truncated(llm: StandinLLM) -> None:
+    llm.enqueue(Fault(text="- `src/mod_0.py` read. Then the tests fai", overlong=True))
+    req = request(conversation(12), max_input_chars=1500)
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(req)
+    assert summary.chunks > 1 and summary.truncated is True
+    sent = [r.user_text for r in llm.requests]
+    assert any("- `src/mod_0.py` read.\n</part>" in text for text in sent)  # merged, trimmed
+    assert not any("tests fai" in text for text in sent)  # the fragment never went on
+    assert CUT_NOTE not in summary.text  # the final answer itself was complete
+
+
+def test_our_wrapper_tags_never_reach_the_summary(llm: StandinLLM) -> None:
+    echoed = "<part>\n## Goal\n- fix `src/a.py`\n</part>\n<must-keep>\n</must-keep></conversation>"
+    llm.enqueue(Fault(text=echoed))
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(request(conversation(2)))
+    assert summary.text == f"{SUMMARY_MARKER}\n## Goal\n- fix `src/a.py`"
+    assert summary.truncated is False
 
 
 def test_a_summary_longer_than_the_text_it_replaces_is_refused(llm: StandinLLM) -> None:

@@ -68,7 +68,7 @@ from worker.errors import (
 )
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.summarize import prompt as P
-from worker.summarize.providers import HttpCall, Prompt, Provider, provider_for
+from worker.summarize.providers import Answer, HttpCall, Prompt, Provider, provider_for
 from worker.summarize.resilience import (
     CircuitBreaker,
     ClientPool,
@@ -128,7 +128,7 @@ class LLMSummarizer:
             )
         job = _Job(self, request, deadline=deadline, secret=secret)
         body, chunks = job.run()
-        summary = _finish(body, request, chunks=chunks)
+        summary = _finish(body, request, chunks=chunks, cut=job.cut)
         log.debug(
             "LLM summary for %s@%d: %d chunks, %d tokens%s",
             request.conversation_id,
@@ -161,7 +161,7 @@ class LLMSummarizer:
 
     def complete(
         self, prompts: Sequence[Prompt], *, deadline: float, secret: Secret | None
-    ) -> list[str]:
+    ) -> list[Answer]:
         """The model's answers to ``prompts`` (sent concurrently), in order."""
         calls = [self._provider.build(p, secret.reveal() if secret else None) for p in prompts]
         runtime = self._runtime_here()
@@ -285,7 +285,7 @@ async def _send_all(
     *,
     deadline: float,
     secret: Secret | None,
-) -> list[str]:
+) -> list[Answer]:
     """All answers in order, or the most telling error once every call has ended.
 
     Calls are not cancelled when a sibling fails: in a half-open breaker one of them is the
@@ -298,7 +298,7 @@ async def _send_all(
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise _most_telling(errors)
-    return [r for r in results if isinstance(r, str)]
+    return [r for r in results if isinstance(r, Answer)]
 
 
 def _most_telling(errors: list[BaseException]) -> BaseException:
@@ -332,6 +332,7 @@ class _Job:
         self.must_keep = P.must_keep_block(self.items, self.budget // 4)
         previous = P.strip_marker(request.previous_summary or "")
         self.previous: str | None = scrub(previous, secret) or None
+        self.cut = False  # an answer (final or partial) was cut by the server's output limit
 
     def run(self) -> tuple[str, int]:
         """The final answer's text and how many chunks the range took."""
@@ -413,12 +414,23 @@ class _Job:
     def _partials(self, prompts: list[Prompt]) -> list[str]:
         answers = self._complete(prompts)
         cap = self._partial_cap()
-        return [P.shorten(_clean(a, self.secret), cap) for a in answers]
+        return [P.shorten(self._text(a), cap) for a in answers]
 
     def _final(self, task: str, user: str) -> str:
         max_tokens = self.request.max_output_tokens
         prompt = self._prompt(task, user, max_tokens)
-        return _clean(self._complete([prompt])[0], self.secret)
+        answer = self._complete([prompt])[0]
+        text = self._text(answer)
+        return f"{text}\n{P.CUT_NOTE}" if answer.cut else text
+
+    def _text(self, answer: Answer) -> str:
+        """The answer's text, without our marker and wrapper tags; a cut one ends at its last
+        complete sentence (the rest would be a fragment)."""
+        text = _clean(answer.text, self.secret)
+        if answer.cut:
+            self.cut = True
+            text = P.to_last_sentence(text)
+        return text
 
     def _prompt(self, task: str, user: str, max_tokens: int) -> Prompt:
         if len(user) > self.budget:  # by construction never; a bug must not break the bound
@@ -429,7 +441,7 @@ class _Job:
         )
         return Prompt(system=system, user=user, max_tokens=max_tokens)
 
-    def _complete(self, prompts: list[Prompt]) -> list[str]:
+    def _complete(self, prompts: list[Prompt]) -> list[Answer]:
         return self.owner.complete(prompts, deadline=self.deadline, secret=self.secret)
 
 
@@ -437,15 +449,15 @@ class _Job:
 
 
 def _clean(answer: str, secret: Secret | None) -> str:
-    return scrub(P.strip_marker(answer), secret)
+    return scrub(P.strip_wrappers(P.strip_marker(answer)), secret)
 
 
-def _finish(body: str, request: SummaryRequest, *, chunks: int) -> Summary:
+def _finish(body: str, request: SummaryRequest, *, chunks: int, cut: bool) -> Summary:
     """Marker + the model's own answer within ``max_output_tokens``.
 
-    Nothing of ours is added: the pipeline scores this text against ``min_summary_fidelity``
-    and only then repairs what it lacks (worker/core/fidelity.py), so a repair can never lift
-    a poor answer over the gate."""
+    Nothing of ours is added but the note that the server cut the answer: the pipeline scores
+    this text against ``min_summary_fidelity`` and only then repairs what it lacks
+    (worker/core/fidelity.py), so a repair can never lift a poor answer over the gate."""
     model = request.model
     limit = request.max_output_tokens
     if count_tokens(SUMMARY_MARKER + "\n", model) >= limit:
@@ -460,7 +472,9 @@ def _finish(body: str, request: SummaryRequest, *, chunks: int) -> Summary:
             f"({request.source_tokens} tokens)",
             code="summary_too_long",
         )
-    return Summary(text=text, tokens=tokens, source="llm", truncated=truncated, chunks=chunks)
+    return Summary(
+        text=text, tokens=tokens, source="llm", truncated=truncated or cut, chunks=chunks
+    )
 
 
 def fit_tokens(text: str, limit: int, model: str | None) -> tuple[str, bool]:

@@ -140,6 +140,30 @@ def render_message(message: Message) -> str:
     return "\n".join(lines)
 
 
+# Every tag our user messages wrap text in. A model (a small one especially) may echo them; one
+# left in a published summary would be read as structure by the next summarizer or the agent.
+_WRAPPER_TAG = re.compile(r"</?(?:conversation|part|summary-so-far|must-keep)>")
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+CUT_NOTE = "[cut at the model's output limit]"
+
+
+def strip_wrappers(text: str) -> str:
+    """``text`` without our prompt's wrapper tags (``<part>``, ``</conversation>``, ...)."""
+    if "<" not in text:
+        return text
+    return _WRAPPER_TAG.sub("", text).strip()
+
+
+def to_last_sentence(text: str) -> str:
+    """``text`` (an answer the server cut at ``max_tokens``) up to its last complete sentence or
+    line; whole when it has neither."""
+    text = text.rstrip()
+    if text.endswith((".", "!", "?")):
+        return text
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    return text[: ends[-1]].rstrip() if ends else text
+
+
 def strip_marker(summary: str) -> str:
     """An earlier summary without our marker lines (several summaries may be joined)."""
     lines = [line for line in summary.splitlines() if line.strip() != SUMMARY_MARKER]
