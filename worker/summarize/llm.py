@@ -53,7 +53,6 @@ import concurrent.futures
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -72,6 +71,7 @@ from worker.summarize.providers import Answer, HttpCall, Prompt, Provider, provi
 from worker.summarize.resilience import (
     CircuitBreaker,
     ClientPool,
+    Deadline,
     ResilientSender,
     RetryPolicy,
     Secret,
@@ -87,6 +87,7 @@ T = TypeVar("T")
 MIN_INPUT_CHARS = 512  # below this not even the wrappers and one line of text fit
 _GRACE_S = 1.0  # the loop enforces deadlines itself; this only guards against a stuck loop
 _CLOSE_TIMEOUT_S = 5.0
+_POLL_S = 5.0  # how often a waiting caller looks again at a deadline its calls may move
 _HINT_SHARE = 0.85  # the token budget we *ask* for, leaving room for the marker and repairs
 # Runtimes inherited from a parent process: kept referenced so they are never finalized here.
 _INHERITED: list[_Runtime] = []
@@ -120,7 +121,7 @@ class LLMSummarizer:
 
     def summarize(self, request: SummaryRequest) -> Summary:
         """A summary within both bounds of ``request``, or a CompactorError."""
-        deadline = time.monotonic() + self._config.deadline_s
+        deadline = Deadline.after(self._config.deadline_s)
         secret = self._api_key()
         if request.max_input_chars < MIN_INPUT_CHARS:
             raise SummaryError(
@@ -160,7 +161,7 @@ class LLMSummarizer:
         return self._config
 
     def complete(
-        self, prompts: Sequence[Prompt], *, deadline: float, secret: Secret | None
+        self, prompts: Sequence[Prompt], *, deadline: Deadline, secret: Secret | None
     ) -> list[Answer]:
         """The model's answers to ``prompts`` (sent concurrently), in order."""
         calls = [self._provider.build(p, secret.reveal() if secret else None) for p in prompts]
@@ -249,15 +250,21 @@ class _Runtime:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def wait(self, coro: Coroutine[Any, Any, T], *, deadline: float) -> T:
+    def wait(self, coro: Coroutine[Any, Any, T], *, deadline: Deadline) -> T:
         future = self.submit(coro)
-        try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()) + _GRACE_S)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise LLMTransientError("the summary deadline passed", code="llm_timeout") from None
-        except concurrent.futures.CancelledError:  # close() ran while this call was in flight
-            raise LLMTransientError("the LLM summarizer was closed", code="llm_closed") from None
+        while True:
+            remaining = deadline.remaining()  # infinite while a call waits for our own slot
+            try:
+                return future.result(timeout=max(0.0, min(remaining, _POLL_S)) + _GRACE_S)
+            except concurrent.futures.TimeoutError:
+                if deadline.remaining() > -_GRACE_S:
+                    continue  # not yet, or moved on by time its calls spent queued
+                future.cancel()
+                raise LLMTransientError("the summary deadline passed", code="llm_timeout") from None
+            except concurrent.futures.CancelledError:  # close() ran while this call was in flight
+                raise LLMTransientError(
+                    "the LLM summarizer was closed", code="llm_closed"
+                ) from None
 
     def close(self) -> None:
         try:
@@ -283,7 +290,7 @@ async def _send_all(
     calls: Sequence[HttpCall],
     provider: Provider,
     *,
-    deadline: float,
+    deadline: Deadline,
     secret: Secret | None,
 ) -> list[Answer]:
     """All answers in order, or the most telling error once every call has ended.
@@ -320,7 +327,7 @@ class _Job:
         owner: LLMSummarizer,
         request: SummaryRequest,
         *,
-        deadline: float,
+        deadline: Deadline,
         secret: Secret | None,
     ) -> None:
         self.owner = owner
