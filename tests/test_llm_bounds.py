@@ -11,8 +11,8 @@ import pytest
 from worker.config import LLMConfig
 from worker.errors import SummaryError
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
-from worker.summarize.llm import LLMSummarizer
-from worker.summarize.prompt import CUT_NOTE, SECTIONS
+from worker.summarize.llm import TAIL_CHARS, LLMSummarizer
+from worker.summarize.prompt import CUT_NOTE, SECTIONS, VERBATIM_TAIL
 from worker.testing.standin_llm import Fault, RecordedRequest, StandinLLM, standin_summary
 from worker.tokens import count_tokens
 from worker.wire.models import Message, ToolCall
@@ -284,3 +284,34 @@ def test_max_completion_tokens_can_replace_max_tokens(llm: StandinLLM) -> None:
     body = llm.requests[0].body
     assert body["max_completion_tokens"] == req.max_output_tokens
     assert "max_tokens" not in body
+
+
+def test_a_short_tail_joins_the_previous_part_instead_of_a_call_of_its_own(
+    llm: StandinLLM,
+) -> None:
+    """One block a little over the input bound: its tail (under TAIL_CHARS) rides verbatim in
+    the merge after the first part's summary; two calls, not three, and nothing lost."""
+    lines = [f"line {i}: checked src/mod_{i}.py" for i in range(150)]
+    block = Message(id="u0", role="user", content="\n".join(lines), source_index=0)
+    req = request([block], max_input_chars=4000)
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(req)
+    assert_bounds(llm, req, summary.text, summary.tokens)
+    assert len(llm.requests) == 2 and summary.chunks == 1
+    chunk, merge = llm.requests
+    assert part_of(chunk) == (1, 1) and "<part>" in merge.user_text
+    tail = merge.user_text.split(VERBATIM_TAIL, 1)[1]
+    assert "line 149: checked src/mod_149.py" in tail and len(tail) < TAIL_CHARS + 100
+    assert "line 149:" not in chunk.user_text  # read once, in the merge
+
+
+def test_the_usage_the_server_reported_is_recorded(llm: StandinLLM) -> None:
+    answer = "## Goal\n- fix `src/a.py`"
+    llm.enqueue(Fault(text=answer))
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(request(conversation(2)))
+    sent = llm.requests[0]
+    assert summary.usage is not None and summary.usage.calls == 1
+    # the stand-in counts a token per four characters: its count, not ours, is recorded
+    assert summary.usage.output_tokens == len(answer) // 4
+    assert summary.usage.input_tokens == len(sent.user_text) // 4

@@ -79,7 +79,7 @@ from worker.summarize.resilience import (
 )
 from worker.tokens import count_tokens, cut_to_tokens, encoding_name_for_model, get_encoding
 from worker.tokens.bounds import SEGMENT_CHARS
-from worker.wire.events import Summary
+from worker.wire.events import LLMUsage, Summary
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -87,6 +87,9 @@ T = TypeVar("T")
 MIN_INPUT_CHARS = 512  # below this not even the wrappers and one line of text fit
 _GRACE_S = 1.0  # the loop enforces deadlines itself; this only guards against a stuck loop
 _CLOSE_TIMEOUT_S = 5.0
+# A chunk shorter than this (a split block's tail, typically) is cheaper read verbatim in the
+# merge than summarized by a call of its own: a partial summary is about as long.
+TAIL_CHARS = 1300
 _POLL_S = 5.0  # how often a waiting caller looks again at a deadline its calls may move
 _HINT_SHARE = 0.85  # the token budget we *ask* for, leaving room for the marker and repairs
 # Runtimes inherited from a parent process: kept referenced so they are never finalized here.
@@ -130,6 +133,7 @@ class LLMSummarizer:
         job = _Job(self, request, deadline=deadline, secret=secret)
         body, chunks = job.run()
         summary = _finish(body, request, chunks=chunks, cut=job.cut)
+        summary = summary.model_copy(update={"usage": job.usage})
         log.debug(
             "LLM summary for %s@%d: %d chunks, %d tokens%s",
             request.conversation_id,
@@ -340,6 +344,7 @@ class _Job:
         previous = P.strip_marker(request.previous_summary or "")
         self.previous: str | None = scrub(previous, secret) or None
         self.cut = False  # an answer (final or partial) was cut by the server's output limit
+        self.usage = LLMUsage()
 
     def run(self) -> tuple[str, int]:
         """The final answer's text and how many chunks the range took."""
@@ -360,13 +365,35 @@ class _Job:
 
     def _chunk_pass(self, blocks: list[str]) -> list[str]:
         empty = P.conversation_message("", previous=None, must_keep="")
-        chunks = P.pack(blocks, self.budget - len(empty) - len(self.must_keep))
+        packed = P.pack(blocks, self.budget - len(empty) - len(self.must_keep))
+        chunks, tails = self._short_tails(packed)
         max_tokens = self._partial_tokens(len(chunks))
         prompts = [
             self._prompt(P.chunk_task(i, len(chunks)), self._chunk_message(chunk), max_tokens)
             for i, chunk in enumerate(chunks)
         ]
-        return self._partials(prompts)
+        partials = self._partials(prompts)
+        cap = self._partial_cap()
+        for i, tail in tails.items():
+            # verbatim after the partial it follows, the partial shortened to make room for it
+            block = f"{P.VERBATIM_TAIL}\n{tail}"
+            partials[i] = f"{P.shorten(partials[i], cap - len(block) - 2)}\n\n{block}"
+        return partials
+
+    def _short_tails(self, packed: list[str]) -> tuple[list[str], dict[int, str]]:
+        """The chunks to summarize, and the short ones (a split block's tail, under
+        :data:`TAIL_CHARS`) that join the previous chunk's partial verbatim instead of costing
+        a model call of their own (only where they take at most half a partial's room)."""
+        limit = min(TAIL_CHARS, self._partial_cap() // 2)
+        chunks: list[str] = []
+        tails: dict[int, str] = {}
+        for chunk in packed:
+            index = len(chunks) - 1
+            if chunks and len(chunk) < limit and index not in tails:
+                tails[index] = chunk
+            else:
+                chunks.append(chunk)
+        return chunks, tails
 
     def _chunk_message(self, chunk: str) -> str:
         mk = P.must_keep_block(P.relevant(self.items, chunk), len(self.must_keep))
@@ -449,10 +476,24 @@ class _Job:
         return Prompt(system=system, user=user, max_tokens=max_tokens)
 
     def _complete(self, prompts: list[Prompt]) -> list[Answer]:
-        return self.owner.complete(prompts, deadline=self.deadline, secret=self.secret)
+        answers = self.owner.complete(prompts, deadline=self.deadline, secret=self.secret)
+        for answer in answers:
+            self.usage = _counted(self.usage, answer)
+        return answers
 
 
 # --- the answer ----------------------------------------------------------------------------
+
+
+def _counted(usage: LLMUsage, answer: Answer) -> LLMUsage:
+    def plus(total: int | None, more: int | None) -> int | None:
+        return more if total is None else total + (more or 0)
+
+    return LLMUsage(
+        calls=usage.calls + 1,
+        input_tokens=plus(usage.input_tokens, answer.input_tokens),
+        output_tokens=plus(usage.output_tokens, answer.output_tokens),
+    )
 
 
 def _clean(answer: str, secret: Secret | None) -> str:

@@ -69,7 +69,8 @@ _TASK_CHUNK = (
 _TASK_MERGE = (
     "Each <part> is the summary of consecutive parts of one session, oldest first. Merge them "
     "into one summary: keep every file, decision, error and open item; where parts disagree the "
-    "later part wins, and progress and next steps reflect the last part."
+    "later part wins, and progress and next steps reflect the last part. A part may end with "
+    "conversation text after [the rest of this part, verbatim]: summarize it with that part."
 )
 _TASK_MERGE_UPDATE = (
     " <summary-so-far> is the summary of the session before the first part: update it with the "
@@ -145,6 +146,7 @@ def render_message(message: Message) -> str:
 _WRAPPER_TAG = re.compile(r"</?(?:conversation|part|summary-so-far|must-keep)>")
 _SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
 CUT_NOTE = "[cut at the model's output limit]"
+VERBATIM_TAIL = "[the rest of this part, verbatim]"
 
 
 def strip_wrappers(text: str) -> str:

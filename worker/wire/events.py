@@ -88,6 +88,15 @@ class SummarySection(_Published):
 SUMMARY_MARKER = "[compaction-worker summary]"
 
 
+class LLMUsage(_Published):
+    """What the model's server reported for the calls of one LLM summary: the tokens it
+    counted (its own tokenizer, not ours; None when it reported none), summed over ``calls``."""
+
+    calls: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
 class Summary(_Published):
     """The summary that replaces the compacted range (``source``: the LLM or the digest).
 
@@ -103,6 +112,7 @@ class Summary(_Published):
     chunks: int = 1
     fidelity: Fidelity | None = None  # None only in events of versions before it existed
     sections: list[SummarySection] = Field(default_factory=list)  # [] in older events
+    usage: LLMUsage | None = None  # an LLM summary's calls as the server counted them
 
 
 DroppedKind = Literal[
