@@ -8,12 +8,14 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Any
 
 import pytest
 
-from worker.config import LLMConfig
+from worker.config import LLMConfig, Settings
 from worker.errors import CompactorError, LLMPermanentError, LLMTransientError
 from worker.summarize import SummaryRequest
+from worker.summarize.factory import llm_summarizer
 from worker.summarize.llm import LLMSummarizer
 from worker.summarize.resilience import CircuitBreaker, retry_after_s
 from worker.testing.standin_llm import Fault, StandinLLM
@@ -355,3 +357,50 @@ def test_the_first_real_cause_is_reported_not_the_breaker_it_opened(llm: Standin
         assert caught.value.code == "circuit_open"
         assert "after llm_timeout" in caught.value.message
     assert len(llm.requests) == 1
+
+
+def chain(llm: StandinLLM, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> Any:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cfg = config(llm.openai_base_url, fallback_models=["small-b", "small-c"], **overrides)
+    summarizer = llm_summarizer(Settings(compaction={"mode": "prefer_remote"}, llm=cfg))
+    assert summarizer is not None
+    return summarizer
+
+
+def test_fallback_models_are_tried_in_order_and_the_summary_names_its_model(
+    llm: StandinLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first model is not served (404, permanent), the second times out at its own
+    deadline, the third answers: the summary is the third's and says why the others failed."""
+    llm.enqueue(Fault(status=404), Fault(hang=True))
+    summarizer = chain(llm, monkeypatch, deadline_s=1.0, timeout_s=1.0, max_retries=0)
+    try:
+        summary = summarizer.summarize(REQUEST)
+    finally:
+        summarizer.close()
+    assert [r.body["model"] for r in llm.requests] == ["gpt-4.1-mini", "small-b", "small-c"]
+    assert summary.source == "llm" and summary.model == "small-c"
+    reason = summary.fallback_reason or ""
+    assert reason.startswith("llm_rejected: model gpt-4.1-mini failed: llm_rejected")
+    assert "model small-b failed: llm_timeout" in reason
+
+
+def test_when_every_model_fails_the_first_ones_error_is_raised(
+    llm: StandinLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm.default_fault = Fault(status=500)
+    summarizer = chain(llm, monkeypatch, max_retries=1)
+    try:
+        with pytest.raises(LLMTransientError) as caught:
+            summarizer.summarize(REQUEST)
+    finally:
+        summarizer.close()
+    assert caught.value.code == "llm_server_error"
+    assert "model small-c failed: llm_server_error" in caught.value.message
+    assert len(llm.requests) == 3 * 2  # each model with its own retries
+
+
+def test_without_fallback_models_the_summary_names_the_model(llm: StandinLLM) -> None:
+    with make(llm) as s:
+        summary = s.summarize(REQUEST)
+    assert summary.model == "gpt-4.1-mini" and summary.fallback_reason is None

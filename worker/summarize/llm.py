@@ -133,7 +133,7 @@ class LLMSummarizer:
         job = _Job(self, request, deadline=deadline, secret=secret)
         body, chunks = job.run()
         summary = _finish(body, request, chunks=chunks, cut=job.cut)
-        summary = summary.model_copy(update={"usage": job.usage})
+        summary = summary.model_copy(update={"usage": job.usage, "model": self._config.model})
         log.debug(
             "LLM summary for %s@%d: %d chunks, %d tokens%s",
             request.conversation_id,

@@ -113,6 +113,7 @@ class Summary(_Published):
     fidelity: Fidelity | None = None  # None only in events of versions before it existed
     sections: list[SummarySection] = Field(default_factory=list)  # [] in older events
     usage: LLMUsage | None = None  # an LLM summary's calls as the server counted them
+    model: str | None = None  # the LLM that wrote it ([llm] model or a fallback model)
 
 
 DroppedKind = Literal[
