@@ -361,3 +361,29 @@ def test_a_degenerate_answer_is_gated_on_the_models_own_text(env) -> None:  # ty
     summary = published.compaction.summary
     assert summary.source == "llm" and summary.fidelity is not None
     assert summary.fidelity.score < 0.5 and summary.fidelity.repaired > 0
+
+
+def test_a_fallback_model_answers_when_the_first_fails(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """``[llm] fallback_models`` through a real worker: the first model is not served (404),
+    the fallback model writes the summary, and the event says which and why."""
+    with StandinLLM() as llm:
+        cluster = make_cluster(
+            {
+                "compaction": {"mode": "prefer_remote"},
+                "llm": llm_section(llm.openai_base_url, fallback_models=["small-b"]),
+            }
+        )
+        cluster.workers.start("eval", queues=EVALUATE_QUEUES, concurrency=1)
+        cluster.workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=1)
+        llm.enqueue(Fault(status=404))
+        event, _ = submit_and_wait(cluster, tagged("c-fallback", 1, mode="remote_only"))
+        assert isinstance(event, CompletedEvent) and event.compaction is not None
+        summary = event.compaction.summary
+        assert summary.source == "llm" and summary.model == "small-b"
+        assert (summary.fallback_reason or "").startswith(
+            "llm_rejected: model stand-in failed: llm_rejected"
+        )
+        assert [r.body["model"] for r in requests_for(llm.requests, "c-fallback")] == [
+            "stand-in",
+            "small-b",
+        ]
