@@ -34,6 +34,7 @@ from fault_support import (
     wait_until,
 )
 
+from worker.summarize.prompt import CUT_NOTE
 from worker.testing.standin_llm import Fault, StandinLLM
 from worker.wire.events import CompactionEvent, CompletedEvent, FailedEvent
 
@@ -214,6 +215,7 @@ def test_an_overlong_answer_is_cut_to_the_bound(env: tuple[Cluster, StandinLLM])
     assert event.compaction is not None and event.trigger is not None
     summary = event.compaction.summary
     assert summary.source == "llm" and summary.truncated
+    assert CUT_NOTE in summary.text and "filler" not in summary.text  # the fragment is gone
     assert summary.tokens <= MAX_OUTPUT_TOKENS
     assert event.compaction.tokens_after < event.trigger.threshold_tokens  # type: ignore[operator]
     assert len(requests_for(llm.requests, "c-overlong")) == 1
@@ -341,3 +343,54 @@ def test_a_dead_endpoint_trips_the_breaker_and_nothing_waits(
     assert all(cluster.raw.llen(k) == 0 for k in queues), "work left queued"
     check_consistency(cluster, {conv: {1: tagged(conv, 1)} for conv in prefer + later})
     assert not Path(cluster.transcripts, remote[0]).exists()
+
+
+DEGENERATE = "I'll be happy to help you with that! " * 4  # short: room left for any appendix
+
+
+def test_a_degenerate_answer_is_gated_on_the_models_own_text(env) -> None:  # type: ignore[no-untyped-def]
+    """A model that answers only pleasantries keeps none of the range's facts: under
+    ``prefer_remote`` the gate, scoring the model's own text before any repair of ours, replaces
+    it with the digest and says why; ``remote_only`` (no gate) publishes it repaired, with the
+    score of the model's own text."""
+    cluster, llm = env
+    llm.default_fault = Fault(text=DEGENERATE)
+    prefer, remote = "c-degenerate-p", "c-degenerate-r"
+    cluster.client.submit(tagged(prefer, 1))
+    cluster.client.submit(tagged(remote, 1, mode="remote_only"))
+    assert_fell_back(cluster.wait_outcome(prefer, 1), "summary_fidelity")
+    event = cluster.wait_outcome(prefer, 1)
+    assert event.compaction is not None
+    assert "happy to help" not in event.compaction.summary.text
+    assert len(requests_for(llm.requests, prefer)) == 1  # answered, then refused by the gate
+    published = cluster.wait_outcome(remote, 1)
+    assert isinstance(published, CompletedEvent) and published.compaction is not None
+    summary = published.compaction.summary
+    assert summary.source == "llm" and summary.fidelity is not None
+    assert summary.fidelity.score < 0.5 and summary.fidelity.repaired > 0
+
+
+def test_a_fallback_model_answers_when_the_first_fails(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    """``[llm] fallback_models`` through a real worker: the first model is not served (404),
+    the fallback model writes the summary, and the event says which and why."""
+    with StandinLLM() as llm:
+        cluster = make_cluster(
+            {
+                "compaction": {"mode": "prefer_remote"},
+                "llm": llm_section(llm.openai_base_url, fallback_models=["small-b"]),
+            }
+        )
+        cluster.workers.start("eval", queues=EVALUATE_QUEUES, concurrency=1)
+        cluster.workers.start("sum", queues=SUMMARIZE_QUEUE, concurrency=1)
+        llm.enqueue(Fault(status=404))
+        event, _ = submit_and_wait(cluster, tagged("c-fallback", 1, mode="remote_only"))
+        assert isinstance(event, CompletedEvent) and event.compaction is not None
+        summary = event.compaction.summary
+        assert summary.source == "llm" and summary.model == "small-b"
+        assert (summary.fallback_reason or "").startswith(
+            "llm_rejected: model stand-in failed: llm_rejected"
+        )
+        assert [r.body["model"] for r in requests_for(llm.requests, "c-fallback")] == [
+            "stand-in",
+            "small-b",
+        ]

@@ -11,8 +11,8 @@ import pytest
 from worker.config import LLMConfig
 from worker.errors import SummaryError
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
-from worker.summarize.llm import LLMSummarizer
-from worker.summarize.prompt import MUST_KEEP_HEADING, SECTIONS
+from worker.summarize.llm import TAIL_CHARS, LLMSummarizer
+from worker.summarize.prompt import CUT_NOTE, SECTIONS, VERBATIM_TAIL
 from worker.testing.standin_llm import Fault, RecordedRequest, StandinLLM, standin_summary
 from worker.tokens import count_tokens
 from worker.wire.models import Message, ToolCall
@@ -196,41 +196,65 @@ def test_a_previous_summary_too_large_to_ride_along_is_summarized_first(llm: Sta
     assert first[0][0] == 1 and "[earlier summary]" in first[1]
 
 
-def test_must_keep_items_are_passed_and_missing_ones_appended(llm: StandinLLM) -> None:
+def test_must_keep_items_are_passed_and_the_answer_is_the_models_own(llm: StandinLLM) -> None:
+    """The checklist goes in the request; the summary is what the model wrote, nothing added:
+    the pipeline scores that text first and repairs it only after (worker/core/fidelity.py)."""
     keep = ["ModuleNotFoundError: No module named 'yaml'", "src/mod_1.py", "pytest -x tests/"]
     req = request(conversation(2), must_keep=keep)
     with make(llm) as summarizer:
         summary = summarizer.summarize(req)
     sent = llm.requests[0].user_text
     assert "<must-keep>\n- ModuleNotFoundError: No module named 'yaml'\n" in sent
-    head, _, tail = summary.text.partition(MUST_KEEP_HEADING)
-    assert "src/mod_1.py" in head and "src/mod_1.py" not in tail  # the model kept it already
-    assert "- ModuleNotFoundError: No module named 'yaml'" in tail
-    assert "- pytest -x tests/" in tail
+    answer = llm.requests[0]
+    expected = standin_summary(answer.user_text, answer.max_tokens or 0)
+    assert summary.text == f"{SUMMARY_MARKER}\n{expected}"
+    assert "pytest -x tests/" not in summary.text  # the model left it out; we add nothing
     assert count_tokens(summary.text, req.model) == summary.tokens <= req.max_output_tokens
 
 
-def test_missing_must_keep_items_never_break_the_output_bound(llm: StandinLLM) -> None:
-    keep = [f"error number {i}: something went wrong in a long way" for i in range(40)]
-    req = request(conversation(1), must_keep=keep, max_output_tokens=120)
-    with make(llm) as summarizer:
-        summary = summarizer.summarize(req)
-    assert_bounds(llm, req, summary.text, summary.tokens)
-    assert "- error number 0:" in summary.text  # as many as fit, in order
-
-
-@pytest.mark.parametrize("provider", ["openai", "anthropic"])
-def test_an_overlong_answer_is_cut_at_a_token_boundary(llm: StandinLLM, provider: str) -> None:
-    llm.enqueue(Fault(overlong=True))
+def test_an_answer_over_the_bound_is_cut_at_a_token_boundary(llm: StandinLLM) -> None:
+    llm.enqueue(Fault(text=" ".join(f"word{i}" for i in range(2000))))  # finish_reason: stop
     req = request(conversation(2), max_output_tokens=100)
-    with make(llm, provider) as summarizer:
+    with make(llm) as summarizer:
         summary = summarizer.summarize(req)
     assert summary.truncated is True
     assert_bounds(llm, req, summary.text, summary.tokens)
     assert summary.tokens >= 95  # cut near the bound, not far below it
-    said = standin_summary(llm.requests[0].user_text, 100, overlong=True)
-    body = summary.text.split("\n", 1)[1]
-    assert said.startswith(body)
+    assert "word0 word1 word2".startswith(summary.text.split("\n", 1)[1][:17])
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_an_answer_the_server_cut_ends_at_its_last_sentence(llm: StandinLLM, provider: str) -> None:
+    """``finish_reason: length`` / ``stop_reason: max_tokens``: the fragment after the last
+    complete sentence is dropped, the summary says it was cut, and ``truncated`` is true."""
+    llm.enqueue(Fault(text="## Goal\nFix the parser. It fails on empty inp", overlong=True))
+    req = request(conversation(2))
+    with make(llm, provider) as summarizer:
+        summary = summarizer.summarize(req)
+    assert summary.truncated is True
+    assert summary.text == f"{SUMMARY_MARKER}\n## Goal\nFix the parser.\n{CUT_NOTE}"
+    assert_bounds(llm, req, summary.text, summary.tokens)
+
+
+def test_a_partial_the_server_cut_marks_the_summary_truncated(llm: StandinLLM) -> None:
+    llm.enqueue(Fault(text="- `src/mod_0.py` read. Then the tests fai", overlong=True))
+    req = request(conversation(12), max_input_chars=1500)
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(req)
+    assert summary.chunks > 1 and summary.truncated is True
+    sent = [r.user_text for r in llm.requests]
+    assert any("- `src/mod_0.py` read.\n</part>" in text for text in sent)  # merged, trimmed
+    assert not any("tests fai" in text for text in sent)  # the fragment never went on
+    assert CUT_NOTE not in summary.text  # the final answer itself was complete
+
+
+def test_our_wrapper_tags_never_reach_the_summary(llm: StandinLLM) -> None:
+    echoed = "<part>\n## Goal\n- fix `src/a.py`\n</part>\n<must-keep>\n</must-keep></conversation>"
+    llm.enqueue(Fault(text=echoed))
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(request(conversation(2)))
+    assert summary.text == f"{SUMMARY_MARKER}\n## Goal\n- fix `src/a.py`"
+    assert summary.truncated is False
 
 
 def test_a_summary_longer_than_the_text_it_replaces_is_refused(llm: StandinLLM) -> None:
@@ -260,3 +284,34 @@ def test_max_completion_tokens_can_replace_max_tokens(llm: StandinLLM) -> None:
     body = llm.requests[0].body
     assert body["max_completion_tokens"] == req.max_output_tokens
     assert "max_tokens" not in body
+
+
+def test_a_short_tail_joins_the_previous_part_instead_of_a_call_of_its_own(
+    llm: StandinLLM,
+) -> None:
+    """One block a little over the input bound: its tail (under TAIL_CHARS) rides verbatim in
+    the merge after the first part's summary; two calls, not three, and nothing lost."""
+    lines = [f"line {i}: checked src/mod_{i}.py" for i in range(150)]
+    block = Message(id="u0", role="user", content="\n".join(lines), source_index=0)
+    req = request([block], max_input_chars=4000)
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(req)
+    assert_bounds(llm, req, summary.text, summary.tokens)
+    assert len(llm.requests) == 2 and summary.chunks == 1
+    chunk, merge = llm.requests
+    assert part_of(chunk) == (1, 1) and "<part>" in merge.user_text
+    tail = merge.user_text.split(VERBATIM_TAIL, 1)[1]
+    assert "line 149: checked src/mod_149.py" in tail and len(tail) < TAIL_CHARS + 100
+    assert "line 149:" not in chunk.user_text  # read once, in the merge
+
+
+def test_the_usage_the_server_reported_is_recorded(llm: StandinLLM) -> None:
+    answer = "## Goal\n- fix `src/a.py`"
+    llm.enqueue(Fault(text=answer))
+    with make(llm) as summarizer:
+        summary = summarizer.summarize(request(conversation(2)))
+    sent = llm.requests[0]
+    assert summary.usage is not None and summary.usage.calls == 1
+    # the stand-in counts a token per four characters: its count, not ours, is recorded
+    assert summary.usage.output_tokens == len(answer) // 4
+    assert summary.usage.input_tokens == len(sent.user_text) // 4

@@ -8,12 +8,14 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Any
 
 import pytest
 
-from worker.config import LLMConfig
+from worker.config import LLMConfig, Settings
 from worker.errors import CompactorError, LLMPermanentError, LLMTransientError
 from worker.summarize import SummaryRequest
+from worker.summarize.factory import llm_summarizer
 from worker.summarize.llm import LLMSummarizer
 from worker.summarize.resilience import CircuitBreaker, retry_after_s
 from worker.testing.standin_llm import Fault, StandinLLM
@@ -221,7 +223,8 @@ def test_an_unusable_base_url_is_a_configuration_error() -> None:
 def test_the_circuit_opens_fails_fast_then_half_opens(llm: StandinLLM) -> None:
     llm.default_fault = Fault(status=500)
     with make(llm, circuit_failure_threshold=3, circuit_reset_s=RESET_S, max_retries=10) as s:
-        fails(s, LLMTransientError, "circuit_open")  # opened mid-retries: 3 attempts, not 11
+        # opened mid-retries: 3 attempts, not 11, and the error is the first real cause
+        fails(s, LLMTransientError, "llm_server_error")
         assert len(llm.requests) == 3
         assert s.circuit_state == "open"
         assert fails(s, LLMTransientError, "circuit_open") < RESET_S / 2
@@ -229,7 +232,7 @@ def test_the_circuit_opens_fails_fast_then_half_opens(llm: StandinLLM) -> None:
         time.sleep(RESET_S + 0.05)
         assert s.circuit_state == "half_open"
         llm.enqueue(Fault(status=500))  # the probe fails: open again after one request
-        fails(s, LLMTransientError, "circuit_open")
+        fails(s, LLMTransientError, "llm_server_error")
         assert len(llm.requests) == 4
         time.sleep(RESET_S + 0.05)
         llm.default_fault = Fault()
@@ -309,3 +312,95 @@ def test_an_attempt_cut_short_by_the_deadline_does_not_count_against_the_provide
     with make(llm, circuit_failure_threshold=1, timeout_s=5.0, deadline_s=0.3) as s:
         fails(s, LLMTransientError, "llm_timeout")
         assert s.circuit_state == "closed"
+
+
+def test_time_queued_behind_our_own_concurrency_is_not_counted_against_the_deadline(
+    llm: StandinLLM,
+) -> None:
+    """A one-slot client (as for a one-slot local server) and five summaries at once, each
+    call taking a third of the deadline: the last waits four calls' time for the slot, past
+    the deadline, yet every summary succeeds, one request at a time."""
+    latency, deadline = 1.0, 3.0
+    llm.default_fault = Fault(latency_s=latency)
+    outcomes: list[object] = []
+    with make(llm, max_concurrency=1, timeout_s=deadline, deadline_s=deadline) as s:
+
+        def one() -> None:
+            try:
+                outcomes.append(s.summarize(REQUEST))
+            except CompactorError as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=one) for _ in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert s.circuit_state == "closed"
+    assert [type(o).__name__ for o in outcomes] == ["Summary"] * 5, outcomes
+    assert llm.stats()["in_flight_peak"] == 1  # they did queue, behind our own limit
+    arrivals = sorted(r.received_at for r in llm.requests)
+    assert arrivals[-1] - arrivals[0] >= 4 * latency > deadline  # the queue outlasted one deadline
+
+
+def test_the_first_real_cause_is_reported_not_the_breaker_it_opened(llm: StandinLLM) -> None:
+    """The call whose own timeout opened the breaker reports ``llm_timeout`` (its retry found
+    the breaker open); a later call, refused without trying, says ``circuit_open`` and why."""
+    llm.default_fault = Fault(hang=True)
+    with make(
+        llm, circuit_failure_threshold=1, circuit_reset_s=60.0, timeout_s=0.5, max_retries=3
+    ) as s:
+        fails(s, LLMTransientError, "llm_timeout")
+        assert len(llm.requests) == 1 and s.circuit_state == "open"
+        with pytest.raises(LLMTransientError) as caught:
+            s.summarize(REQUEST)
+        assert caught.value.code == "circuit_open"
+        assert "after llm_timeout" in caught.value.message
+    assert len(llm.requests) == 1
+
+
+def chain(llm: StandinLLM, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> Any:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cfg = config(llm.openai_base_url, fallback_models=["small-b", "small-c"], **overrides)
+    summarizer = llm_summarizer(Settings(compaction={"mode": "prefer_remote"}, llm=cfg))
+    assert summarizer is not None
+    return summarizer
+
+
+def test_fallback_models_are_tried_in_order_and_the_summary_names_its_model(
+    llm: StandinLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first model is not served (404, permanent), the second times out at its own
+    deadline, the third answers: the summary is the third's and says why the others failed."""
+    llm.enqueue(Fault(status=404), Fault(hang=True))
+    summarizer = chain(llm, monkeypatch, deadline_s=1.0, timeout_s=1.0, max_retries=0)
+    try:
+        summary = summarizer.summarize(REQUEST)
+    finally:
+        summarizer.close()
+    assert [r.body["model"] for r in llm.requests] == ["gpt-4.1-mini", "small-b", "small-c"]
+    assert summary.source == "llm" and summary.model == "small-c"
+    reason = summary.fallback_reason or ""
+    assert reason.startswith("llm_rejected: model gpt-4.1-mini failed: llm_rejected")
+    assert "model small-b failed: llm_timeout" in reason
+
+
+def test_when_every_model_fails_the_first_ones_error_is_raised(
+    llm: StandinLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm.default_fault = Fault(status=500)
+    summarizer = chain(llm, monkeypatch, max_retries=1)
+    try:
+        with pytest.raises(LLMTransientError) as caught:
+            summarizer.summarize(REQUEST)
+    finally:
+        summarizer.close()
+    assert caught.value.code == "llm_server_error"
+    assert "model small-c failed: llm_server_error" in caught.value.message
+    assert len(llm.requests) == 3 * 2  # each model with its own retries
+
+
+def test_without_fallback_models_the_summary_names_the_model(llm: StandinLLM) -> None:
+    with make(llm) as s:
+        summary = s.summarize(REQUEST)
+    assert summary.model == "gpt-4.1-mini" and summary.fallback_reason is None

@@ -14,7 +14,7 @@ from worker.config import LLMConfig
 from worker.errors import CompactorError, ConfigError, LLMTransientError
 from worker.summarize import SummaryRequest
 from worker.summarize.llm import LLMSummarizer
-from worker.summarize.providers import AnthropicMessages, OpenAIChat, Prompt
+from worker.summarize.providers import Answer, AnthropicMessages, OpenAIChat, Prompt
 from worker.testing.llm_schema import anthropic_messages_errors, openai_chat_errors
 from worker.testing.standin_llm import Fault, StandinLLM
 from worker.wire.models import Message, ToolCall
@@ -201,14 +201,34 @@ def test_anthropic_answers_are_parsed_strictly(payload: Any) -> None:
 
 def test_good_answers_parse() -> None:
     answer = {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}
-    assert OpenAIChat(LLMConfig()).parse(answer) == "ok"
+    assert OpenAIChat(LLMConfig()).parse(answer) == Answer("ok")
     blocks = [
         {"type": "thinking", "thinking": "x"},
         {"type": "text", "text": "a"},
         {"type": "text", "text": "b"},
     ]
     parsed = AnthropicMessages(LLMConfig()).parse({"type": "message", "content": blocks})
-    assert parsed == "ab"
+    assert parsed == Answer("ab")
+
+
+def test_the_stop_reason_and_usage_are_read() -> None:
+    answer = {
+        "choices": [{"message": {"content": "ok"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 1200, "completion_tokens": 400, "total_tokens": 1600},
+    }
+    assert OpenAIChat(LLMConfig()).parse(answer) == Answer("ok", True, 1200, 400)
+    message = {
+        "type": "message",
+        "content": [{"type": "text", "text": "ok"}],
+        "stop_reason": "max_tokens",
+        "usage": {"input_tokens": 900, "output_tokens": 300},
+    }
+    assert AnthropicMessages(LLMConfig()).parse(message) == Answer("ok", True, 900, 300)
+    odd = {
+        "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": "many", "completion_tokens": True},
+    }
+    assert OpenAIChat(LLMConfig()).parse(odd) == Answer("ok", False, None, None)  # tolerant
 
 
 def test_the_api_key_never_leaks(llm: StandinLLM, caplog: pytest.LogCaptureFixture) -> None:

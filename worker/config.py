@@ -247,6 +247,9 @@ class LLMConfig(_Strict):
     # every compatible server (vLLM, Ollama, llama.cpp, LiteLLM) understands; OpenAI's reasoning
     # models (o-series, gpt-5) accept only ``max_completion_tokens``.
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    # Tried in order, each with its own deadline and breaker, when ``model`` fails (same
+    # provider, URL and key); the digest comes after the last (per ``mode``).
+    fallback_models: list[str] = Field(default_factory=list, max_length=8)
 
     _none_ok = field_validator("prompt_file", mode="before")(_none_word)
 

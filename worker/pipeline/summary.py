@@ -94,6 +94,8 @@ def summarize(
         if mode == "remote_only":
             raise
         return digested(f"{exc.code}: {exc.message}")
+    # The gate reads the model's own text: the summarizer adds nothing, and the repair below
+    # runs only after, so nothing of ours can lift a poor answer over min_summary_fidelity.
     score = fidelity.score(facts, summary.text, carried)
     if mode == "prefer_remote" and score < config.min_summary_fidelity:
         return digested(

@@ -17,5 +17,15 @@ def llm_summarizer(settings: Settings) -> ClosableSummarizer | None:
         return None
     from worker.summarize.llm import LLMSummarizer
 
-    summarizer: ClosableSummarizer = LLMSummarizer(settings.llm)
-    return summarizer
+    config = settings.llm
+    summarizer: ClosableSummarizer = LLMSummarizer(config)
+    if not config.fallback_models:
+        return summarizer
+    from worker.summarize.chain import FallbackChain
+
+    names = [config.model, *config.fallback_models]
+    links = [summarizer] + [
+        LLMSummarizer(config.model_copy(update={"model": name, "fallback_models": []}))
+        for name in config.fallback_models
+    ]
+    return FallbackChain(links, names)

@@ -53,7 +53,6 @@ import concurrent.futures
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -69,10 +68,11 @@ from worker.errors import (
 )
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.summarize import prompt as P
-from worker.summarize.providers import HttpCall, Prompt, Provider, provider_for
+from worker.summarize.providers import Answer, HttpCall, Prompt, Provider, provider_for
 from worker.summarize.resilience import (
     CircuitBreaker,
     ClientPool,
+    Deadline,
     ResilientSender,
     RetryPolicy,
     Secret,
@@ -80,7 +80,7 @@ from worker.summarize.resilience import (
 )
 from worker.tokens import count_tokens, cut_to_tokens, encoding_name_for_model, get_encoding
 from worker.tokens.bounds import SEGMENT_CHARS
-from worker.wire.events import Summary
+from worker.wire.events import LLMUsage, Summary
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,7 +88,11 @@ T = TypeVar("T")
 MIN_INPUT_CHARS = 512  # below this not even the wrappers and one line of text fit
 _GRACE_S = 1.0  # the loop enforces deadlines itself; this only guards against a stuck loop
 _CLOSE_TIMEOUT_S = 5.0
-_HINT_SHARE = 0.85  # the token budget we *ask* for, leaving room for the marker and must-keeps
+# A chunk shorter than this (a split block's tail, typically) is cheaper read verbatim in the
+# merge than summarized by a call of its own: a partial summary is about as long.
+TAIL_CHARS = 1300
+_POLL_S = 5.0  # how often a waiting caller looks again at a deadline its calls may move
+_HINT_SHARE = 0.85  # the token budget we *ask* for, leaving room for the marker and repairs
 # Runtimes inherited from a parent process: kept referenced so they are never finalized here.
 _INHERITED: list[_Runtime] = []
 
@@ -122,7 +126,7 @@ class LLMSummarizer:
 
     def summarize(self, request: SummaryRequest) -> Summary:
         """A summary within both bounds of ``request``, or a CompactorError."""
-        deadline = time.monotonic() + self._config.deadline_s
+        deadline = Deadline.after(self._config.deadline_s)
         secret = self._api_key()
         if request.max_input_chars < MIN_INPUT_CHARS:
             raise SummaryError(
@@ -130,7 +134,8 @@ class LLMSummarizer:
             )
         job = _Job(self, request, deadline=deadline, secret=secret)
         body, chunks = job.run()
-        summary = _finish(body, request, chunks=chunks, secret=secret)
+        summary = _finish(body, request, chunks=chunks, cut=job.cut)
+        summary = summary.model_copy(update={"usage": job.usage, "model": self._config.model})
         log.debug(
             "LLM summary for %s@%d: %d chunks, %d tokens%s",
             request.conversation_id,
@@ -170,8 +175,8 @@ class LLMSummarizer:
         return self._templates.get("", P.DEFAULT_TEMPLATE)
 
     def complete(
-        self, prompts: Sequence[Prompt], *, deadline: float, secret: Secret | None
-    ) -> list[str]:
+        self, prompts: Sequence[Prompt], *, deadline: Deadline, secret: Secret | None
+    ) -> list[Answer]:
         """The model's answers to ``prompts`` (sent concurrently), in order."""
         calls = [self._provider.build(p, secret.reveal() if secret else None) for p in prompts]
         runtime = self._runtime_here()
@@ -259,15 +264,21 @@ class _Runtime:
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def wait(self, coro: Coroutine[Any, Any, T], *, deadline: float) -> T:
+    def wait(self, coro: Coroutine[Any, Any, T], *, deadline: Deadline) -> T:
         future = self.submit(coro)
-        try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()) + _GRACE_S)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise LLMTransientError("the summary deadline passed", code="llm_timeout") from None
-        except concurrent.futures.CancelledError:  # close() ran while this call was in flight
-            raise LLMTransientError("the LLM summarizer was closed", code="llm_closed") from None
+        while True:
+            remaining = deadline.remaining()  # infinite while a call waits for our own slot
+            try:
+                return future.result(timeout=max(0.0, min(remaining, _POLL_S)) + _GRACE_S)
+            except concurrent.futures.TimeoutError:
+                if deadline.remaining() > -_GRACE_S:
+                    continue  # not yet, or moved on by time its calls spent queued
+                future.cancel()
+                raise LLMTransientError("the summary deadline passed", code="llm_timeout") from None
+            except concurrent.futures.CancelledError:  # close() ran while this call was in flight
+                raise LLMTransientError(
+                    "the LLM summarizer was closed", code="llm_closed"
+                ) from None
 
     def close(self) -> None:
         try:
@@ -293,9 +304,9 @@ async def _send_all(
     calls: Sequence[HttpCall],
     provider: Provider,
     *,
-    deadline: float,
+    deadline: Deadline,
     secret: Secret | None,
-) -> list[str]:
+) -> list[Answer]:
     """All answers in order, or the most telling error once every call has ended.
 
     Calls are not cancelled when a sibling fails: in a half-open breaker one of them is the
@@ -308,7 +319,7 @@ async def _send_all(
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise _most_telling(errors)
-    return [r for r in results if isinstance(r, str)]
+    return [r for r in results if isinstance(r, Answer)]
 
 
 def _most_telling(errors: list[BaseException]) -> BaseException:
@@ -330,7 +341,7 @@ class _Job:
         owner: LLMSummarizer,
         request: SummaryRequest,
         *,
-        deadline: float,
+        deadline: Deadline,
         secret: Secret | None,
     ) -> None:
         self.owner = owner
@@ -344,6 +355,8 @@ class _Job:
         self.previous: str | None = scrub(previous, secret) or None
         self.template = owner.template_for(request.conversation_id)
         self.focus = scrub(request.instructions, secret) if request.instructions else None
+        self.cut = False  # an answer (final or partial) was cut by the server's output limit
+        self.usage = LLMUsage()
 
     def run(self) -> tuple[str, int]:
         """The final answer's text and how many chunks the range took."""
@@ -364,13 +377,35 @@ class _Job:
 
     def _chunk_pass(self, blocks: list[str]) -> list[str]:
         empty = P.conversation_message("", previous=None, must_keep="")
-        chunks = P.pack(blocks, self.budget - len(empty) - len(self.must_keep))
+        packed = P.pack(blocks, self.budget - len(empty) - len(self.must_keep))
+        chunks, tails = self._short_tails(packed)
         max_tokens = self._partial_tokens(len(chunks))
         prompts = [
             self._prompt(P.chunk_task(i, len(chunks)), self._chunk_message(chunk), max_tokens)
             for i, chunk in enumerate(chunks)
         ]
-        return self._partials(prompts)
+        partials = self._partials(prompts)
+        cap = self._partial_cap()
+        for i, tail in tails.items():
+            # verbatim after the partial it follows, the partial shortened to make room for it
+            block = f"{P.VERBATIM_TAIL}\n{tail}"
+            partials[i] = f"{P.shorten(partials[i], cap - len(block) - 2)}\n\n{block}"
+        return partials
+
+    def _short_tails(self, packed: list[str]) -> tuple[list[str], dict[int, str]]:
+        """The chunks to summarize, and the short ones (a split block's tail, under
+        :data:`TAIL_CHARS`) that join the previous chunk's partial verbatim instead of costing
+        a model call of their own (only where they take at most half a partial's room)."""
+        limit = min(TAIL_CHARS, self._partial_cap() // 2)
+        chunks: list[str] = []
+        tails: dict[int, str] = {}
+        for chunk in packed:
+            index = len(chunks) - 1
+            if chunks and len(chunk) < limit and index not in tails:
+                tails[index] = chunk
+            else:
+                chunks.append(chunk)
+        return chunks, tails
 
     def _chunk_message(self, chunk: str) -> str:
         mk = P.must_keep_block(P.relevant(self.items, chunk), len(self.must_keep))
@@ -425,12 +460,23 @@ class _Job:
     def _partials(self, prompts: list[Prompt]) -> list[str]:
         answers = self._complete(prompts)
         cap = self._partial_cap()
-        return [P.shorten(_clean(a, self.secret), cap) for a in answers]
+        return [P.shorten(self._text(a), cap) for a in answers]
 
     def _final(self, task: str, user: str) -> str:
         max_tokens = self.request.max_output_tokens
         prompt = self._prompt(task, user, max_tokens)
-        return _clean(self._complete([prompt])[0], self.secret)
+        answer = self._complete([prompt])[0]
+        text = self._text(answer)
+        return f"{text}\n{P.CUT_NOTE}" if answer.cut else text
+
+    def _text(self, answer: Answer) -> str:
+        """The answer's text, without our marker and wrapper tags; a cut one ends at its last
+        complete sentence (the rest would be a fragment)."""
+        text = _clean(answer.text, self.secret)
+        if answer.cut:
+            self.cut = True
+            text = P.to_last_sentence(text)
+        return text
 
     def _prompt(self, task: str, user: str, max_tokens: int) -> Prompt:
         if len(user) > self.budget:  # by construction never; a bug must not break the bound
@@ -445,8 +491,11 @@ class _Job:
         )
         return Prompt(system=system, user=user, max_tokens=max_tokens)
 
-    def _complete(self, prompts: list[Prompt]) -> list[str]:
-        return self.owner.complete(prompts, deadline=self.deadline, secret=self.secret)
+    def _complete(self, prompts: list[Prompt]) -> list[Answer]:
+        answers = self.owner.complete(prompts, deadline=self.deadline, secret=self.secret)
+        for answer in answers:
+            self.usage = _counted(self.usage, answer)
+        return answers
 
 
 # --- the answer ----------------------------------------------------------------------------
@@ -474,12 +523,27 @@ def prompt_templates(config: LLMConfig) -> dict[str, str]:
     return templates
 
 
+def _counted(usage: LLMUsage, answer: Answer) -> LLMUsage:
+    def plus(total: int | None, more: int | None) -> int | None:
+        return more if total is None else total + (more or 0)
+
+    return LLMUsage(
+        calls=usage.calls + 1,
+        input_tokens=plus(usage.input_tokens, answer.input_tokens),
+        output_tokens=plus(usage.output_tokens, answer.output_tokens),
+    )
+
+
 def _clean(answer: str, secret: Secret | None) -> str:
-    return scrub(P.strip_marker(answer), secret)
+    return scrub(P.strip_wrappers(P.strip_marker(answer)), secret)
 
 
-def _finish(body: str, request: SummaryRequest, *, chunks: int, secret: Secret | None) -> Summary:
-    """Marker + answer within ``max_output_tokens``, missing must-keeps appended where they fit."""
+def _finish(body: str, request: SummaryRequest, *, chunks: int, cut: bool) -> Summary:
+    """Marker + the model's own answer within ``max_output_tokens``.
+
+    Nothing of ours is added but the note that the server cut the answer: the pipeline scores
+    this text against ``min_summary_fidelity`` and only then repairs what it lacks
+    (worker/core/fidelity.py), so a repair can never lift a poor answer over the gate."""
     model = request.model
     limit = request.max_output_tokens
     if count_tokens(SUMMARY_MARKER + "\n", model) >= limit:
@@ -487,8 +551,6 @@ def _finish(body: str, request: SummaryRequest, *, chunks: int, secret: Secret |
             "max_output_tokens leaves no room for a summary", code="summary_too_long"
         )
     text, truncated = fit_tokens(f"{SUMMARY_MARKER}\n{body}", limit, model)
-    items = [scrub(i, secret) for i in _distinct(request.must_keep)]
-    text = append_missing(text, items, min(limit, request.source_tokens), model)
     tokens = count_tokens(text, model)
     if tokens > request.source_tokens:
         raise SummaryError(
@@ -496,7 +558,9 @@ def _finish(body: str, request: SummaryRequest, *, chunks: int, secret: Secret |
             f"({request.source_tokens} tokens)",
             code="summary_too_long",
         )
-    return Summary(text=text, tokens=tokens, source="llm", truncated=truncated, chunks=chunks)
+    return Summary(
+        text=text, tokens=tokens, source="llm", truncated=truncated or cut, chunks=chunks
+    )
 
 
 def fit_tokens(text: str, limit: int, model: str | None) -> tuple[str, bool]:
@@ -522,26 +586,6 @@ def fit_tokens(text: str, limit: int, model: str | None) -> tuple[str, bool]:
             return cut, True
         keep -= 1
     return "", True
-
-
-def append_missing(text: str, items: Sequence[str], limit: int, model: str | None) -> str:
-    """``text`` plus a final section with each must-keep item it lacks, as many as fit."""
-    present = _normalized(text)
-    missing = [item for item in items if _normalized(item) not in present]
-    if not missing:
-        return text
-    out = f"{text}\n\n{P.MUST_KEEP_HEADING}"
-    added = False
-    for item in missing:
-        candidate = f"{out}\n- {item}"
-        if count_tokens(candidate, model) <= limit:
-            out, added = candidate, True
-    return out if added else text
-
-
-def _normalized(text: str) -> str:
-    # Models reflow whitespace; a path or error is still "kept" if only spacing changed.
-    return " ".join(text.split())
 
 
 def _distinct(items: Sequence[str]) -> list[str]:

@@ -28,7 +28,6 @@ SECTIONS = (
     "Open questions",
     "Next steps",
 )
-MUST_KEEP_HEADING = "## Must keep (verbatim)"
 _CONTINUED = "[continued]\n"
 _SEP = "\n\n"
 
@@ -82,7 +81,8 @@ _TASK_CHUNK = (
 _TASK_MERGE = (
     "Each <part> is the summary of consecutive parts of one session, oldest first. Merge them "
     "into one summary: keep every file, decision, error and open item; where parts disagree the "
-    "later part wins, and progress and next steps reflect the last part."
+    "later part wins, and progress and next steps reflect the last part. A part may end with "
+    "conversation text after [the rest of this part, verbatim]: summarize it with that part."
 )
 _TASK_MERGE_UPDATE = (
     " <summary-so-far> is the summary of the session before the first part: update it with the "
@@ -170,6 +170,31 @@ def render_message(message: Message) -> str:
         args = without_bytes(call.arguments)
         lines.append(f"[tool call {call.name} id={call.id}] {args}".rstrip())
     return "\n".join(lines)
+
+
+# Every tag our user messages wrap text in. A model (a small one especially) may echo them; one
+# left in a published summary would be read as structure by the next summarizer or the agent.
+_WRAPPER_TAG = re.compile(r"</?(?:conversation|part|summary-so-far|must-keep)>")
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+CUT_NOTE = "[cut at the model's output limit]"
+VERBATIM_TAIL = "[the rest of this part, verbatim]"
+
+
+def strip_wrappers(text: str) -> str:
+    """``text`` without our prompt's wrapper tags (``<part>``, ``</conversation>``, ...)."""
+    if "<" not in text:
+        return text
+    return _WRAPPER_TAG.sub("", text).strip()
+
+
+def to_last_sentence(text: str) -> str:
+    """``text`` (an answer the server cut at ``max_tokens``) up to its last complete sentence or
+    line; whole when it has neither."""
+    text = text.rstrip()
+    if text.endswith((".", "!", "?")):
+        return text
+    ends = [m.end() for m in _SENTENCE_END.finditer(text)]
+    return text[: ends[-1]].rstrip() if ends else text
 
 
 def strip_marker(summary: str) -> str:

@@ -19,7 +19,10 @@ server) or ``max_completion_tokens`` (required by OpenAI's reasoning models).
 
 Answers are parsed strictly: a body that is not JSON, has no choice or content block, or whose
 text is empty is a failure with code ``llm_malformed`` — an empty summary would silently erase
-the agent's context, which is worse than no compaction.
+the agent's context, which is worse than no compaction. What the server says about the answer
+is read tolerantly: a ``finish_reason`` of ``length`` (``stop_reason`` ``max_tokens``) marks it
+cut by the output limit, and ``usage`` gives the tokens as the server counted them (absent or
+odd values read as unknown).
 """
 
 from __future__ import annotations
@@ -55,12 +58,22 @@ class HttpCall:
         return f"HttpCall(url={self.url!r}, headers=<{len(self.headers)} hidden>)"
 
 
+@dataclass(frozen=True)
+class Answer:
+    """The model's text and what the server said about it."""
+
+    text: str
+    cut: bool = False  # the server stopped it at max_tokens: it may end mid-sentence
+    input_tokens: int | None = None  # the server's own counts (its tokenizer, not ours)
+    output_tokens: int | None = None
+
+
 class Provider(Protocol):
     name: str
 
     def build(self, prompt: Prompt, api_key: str | None) -> HttpCall: ...
 
-    def parse(self, payload: Any) -> str: ...
+    def parse(self, payload: Any) -> Answer: ...
 
 
 def malformed(reason: str) -> LLMTransientError:
@@ -95,7 +108,7 @@ class OpenAIChat:
         headers.update(cfg.headers)
         return HttpCall(self.url, headers, body)
 
-    def parse(self, payload: Any) -> str:
+    def parse(self, payload: Any) -> Answer:
         choices = _field(payload, "choices", list)
         if not choices:
             raise malformed("no choices")
@@ -104,7 +117,13 @@ class OpenAIChat:
         if not isinstance(content, str):
             # A refusal comes back as content null plus a ``refusal`` string.
             raise malformed("refused" if message.get("refusal") else "message has no text")
-        return _non_empty(content)
+        usage = payload.get("usage")
+        return Answer(
+            _non_empty(content),
+            cut=choices[0].get("finish_reason") == "length",
+            input_tokens=_count(usage, "prompt_tokens"),
+            output_tokens=_count(usage, "completion_tokens"),
+        )
 
 
 class AnthropicMessages:
@@ -134,14 +153,20 @@ class AnthropicMessages:
         headers.update(cfg.headers)
         return HttpCall(self.url, headers, body)
 
-    def parse(self, payload: Any) -> str:
+    def parse(self, payload: Any) -> Answer:
         if not isinstance(payload, dict) or payload.get("type") != "message":
             raise malformed("not a message object")
         blocks = _field(payload, "content", list)
         texts = [b.get("text") for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise malformed("no text content block")
-        return _non_empty("".join(t for t in texts if isinstance(t, str)))
+        usage = payload.get("usage")
+        return Answer(
+            _non_empty("".join(t for t in texts if isinstance(t, str))),
+            cut=payload.get("stop_reason") == "max_tokens",
+            input_tokens=_count(usage, "input_tokens"),
+            output_tokens=_count(usage, "output_tokens"),
+        )
 
 
 def provider_for(config: LLMConfig) -> Provider:
@@ -179,6 +204,12 @@ def _field(obj: Any, name: str, kind: type) -> Any:
     if not isinstance(value, kind):
         raise malformed(f"missing or invalid {name!r}")
     return value
+
+
+def _count(usage: Any, name: str) -> int | None:
+    value = usage.get(name) if isinstance(usage, dict) else None
+    # bool is an int to Python, not a count to anyone
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _non_empty(text: str) -> str:

@@ -29,6 +29,13 @@ malformed answers). At ``circuit_failure_threshold`` it opens for ``circuit_rese
 fails at once with ``circuit_open`` instead of spending its whole retry budget on a dead
 provider. Then one probe is let through (half-open); its success closes the breaker, its failure
 opens it again. A 4xx other than 429 proves the provider is up, so it counts as a success.
+A call reports the first real cause: when its retry finds the breaker open (opened by its own
+failures or its siblings'), it raises the failure it met, not ``circuit_open``; a call refused
+without trying says ``circuit_open`` with the code of the failure that opened the breaker.
+
+Time a call spends waiting for one of our own ``max_concurrency`` slots is local load, not the
+provider's slowness: it counts against neither the attempt's timeout, nor the summary's
+deadline (:class:`Deadline` gives it back), nor the breaker (asked only once the slot is held).
 
 API keys never reach a message: errors are built from our own text, the HTTP status and the
 provider's error *type* only, and anything taken from an exception is scrubbed of the key.
@@ -41,10 +48,11 @@ import contextlib
 import email.utils
 import json
 import logging
+import math
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -57,6 +65,50 @@ from worker.summarize.providers import HttpCall, error_detail, malformed
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 REDACTED = "[redacted]"
+
+
+class Deadline:
+    """When a summary must end (``time.monotonic()``), less the time its calls spent queued
+    behind our own ``max_concurrency``: that wait is this process's load, not the provider's
+    slowness, so it is given back. Each call has its own (:meth:`child`), moved by its own wait;
+    the summary's stands still while any of its calls waits, then moves to the latest of its
+    calls'. Changed on the loop thread only; other threads only read it."""
+
+    def __init__(self, at: float, parent: Deadline | None = None) -> None:
+        self.at = at
+        self._parent = parent
+        self._waiting = 0  # calls of this deadline (or its children) waiting for a slot
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def child(self) -> Deadline:
+        return Deadline(self.at, self)
+
+    def remaining(self) -> float:
+        if self._waiting:
+            return math.inf
+        return self.at - time.monotonic()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The time spent inside is given back to this deadline and pauses its parents'."""
+        chain: list[Deadline] = []
+        node: Deadline | None = self
+        while node is not None:
+            chain.append(node)
+            node = node._parent
+        started = time.monotonic()
+        for deadline in chain:
+            deadline._waiting += 1
+        try:
+            yield
+        finally:
+            self.at += time.monotonic() - started
+            for deadline in chain:
+                deadline._waiting -= 1
+                deadline.at = max(deadline.at, self.at)
 
 
 @dataclass(frozen=True)
@@ -133,6 +185,7 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at: float | None = None
         self._probing = False
+        self._cause = ""  # the code of the failure that opened it: what callers are told
 
     @property
     def state(self) -> str:
@@ -150,14 +203,16 @@ class CircuitBreaker:
                 return False
             waited = self._clock() - self._opened_at
             if self._probing or waited < self._reset_s:
+                cause = f" after {self._cause}" if self._cause else ""
                 raise LLMTransientError(
-                    "the LLM provider is failing; not calling it for a while (circuit open)",
+                    f"the LLM provider is failing{cause}; not calling it for a while "
+                    "(circuit open)",
                     code="circuit_open",
                 )
             self._probing = True
             return True
 
-    def record(self, *, ok: bool, probe: bool) -> None:
+    def record(self, *, ok: bool, probe: bool, cause: str = "") -> None:
         with self._lock:
             if probe:
                 self._probing = False
@@ -167,6 +222,7 @@ class CircuitBreaker:
                 return
             self._failures += 1
             if probe or self._failures >= self._threshold:
+                self._cause = cause or self._cause
                 if self._opened_at is None or probe:
                     log.warning("LLM circuit breaker open after %d failures", self._failures)
                 self._opened_at = self._clock()
@@ -260,7 +316,7 @@ class ResilientSender:
         self._policy = policy
         self._breaker = breaker
         # Our own queue in front of the pool: waiting for a free connection is local load, not a
-        # slow provider, so it must neither eat the per-attempt timeout nor trip the breaker.
+        # slow provider, so it must neither eat the deadline nor trip the breaker.
         self._slots = asyncio.Semaphore(max_concurrency)
         self._rng = rng or random.Random()
 
@@ -269,16 +325,28 @@ class ResilientSender:
         call: HttpCall,
         parse: Callable[[Any], T],
         *,
-        deadline: float,
+        deadline: Deadline,
         secret: Secret | None,
     ) -> T:
-        """The parsed answer, retrying what may succeed; raises a CompactorError otherwise."""
+        """The parsed answer, retrying what may succeed; raises a CompactorError otherwise.
+
+        The error raised is the first real cause: a retry that finds the breaker open (opened
+        by this call's own failures or its siblings') reports the failure this call met, not
+        ``circuit_open``."""
+        mine = deadline.child()
         attempt = 0
+        first: CompactorError | None = None
         while True:
-            outcome = await self._attempt(call, parse, deadline=deadline, secret=secret)
+            try:
+                outcome = await self._attempt(call, parse, deadline=mine, secret=secret)
+            except LLMTransientError as exc:
+                if exc.code == "circuit_open" and first is not None:
+                    raise first from None
+                raise
             if not isinstance(outcome, _Attempt):
                 return outcome
-            delay = self._delay(outcome, attempt, deadline)
+            first = first or outcome.error
+            delay = self._delay(outcome, attempt, mine)
             if delay is None:
                 raise outcome.error
             log.info(
@@ -291,14 +359,14 @@ class ResilientSender:
             await asyncio.sleep(delay)
             attempt += 1
 
-    def _delay(self, outcome: _Attempt, attempt: int, deadline: float) -> float | None:
+    def _delay(self, outcome: _Attempt, attempt: int, deadline: Deadline) -> float | None:
         if not outcome.retry or attempt >= self._policy.max_retries:
             return None
         delay = outcome.wait_s
         if delay is None:
             delay = backoff_s(attempt, self._policy, self._rng)
         # Sleeping to the deadline only to give up then would waste the caller's time.
-        if time.monotonic() + delay >= deadline:
+        if delay >= deadline.remaining():
             return None
         return delay
 
@@ -307,55 +375,43 @@ class ResilientSender:
         call: HttpCall,
         parse: Callable[[Any], T],
         *,
-        deadline: float,
+        deadline: Deadline,
         secret: Secret | None,
     ) -> T | _Attempt:
-        probe = self._breaker.acquire()
+        if deadline.remaining() <= 0:
+            return _Attempt(_deadline_error(), retry=False, telling=False)
+        with deadline.paused():
+            await self._slots.acquire()
         try:
-            result = await self._attempt_in_slot(call, parse, deadline=deadline, secret=secret)
-        except BaseException:  # cancelled, or a bug: no verdict on the provider
-            if probe:
-                self._breaker.release_probe()
-            raise
+            # The wait for our own slot is given back, and the breaker is asked only now: a
+            # call queued behind our other calls neither loses its deadline nor holds the probe.
+            probe = self._breaker.acquire()
+            try:
+                result = await self._exchange(call, parse, deadline=deadline, secret=secret)
+            except BaseException:  # cancelled, or a bug: no verdict on the provider
+                if probe:
+                    self._breaker.release_probe()
+                raise
+        finally:
+            self._slots.release()
         if isinstance(result, _Attempt) and not result.telling:
             if probe:
                 self._breaker.release_probe()
             return result
         failed = isinstance(result, _Attempt) and result.provider_fault
-        self._breaker.record(ok=not failed, probe=probe)
+        cause = result.error.code if isinstance(result, _Attempt) else ""
+        self._breaker.record(ok=not failed, probe=probe, cause=cause)
         return result
-
-    async def _attempt_in_slot(
-        self,
-        call: HttpCall,
-        parse: Callable[[Any], T],
-        *,
-        deadline: float,
-        secret: Secret | None,
-    ) -> T | _Attempt:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return _Attempt(_deadline_error(), retry=False, telling=False)
-        try:
-            async with asyncio.timeout(remaining):
-                await self._slots.acquire()
-        except TimeoutError:
-            error = _deadline_error("while waiting for a free connection")
-            return _Attempt(error, retry=False, telling=False)
-        try:
-            return await self._exchange(call, parse, deadline=deadline, secret=secret)
-        finally:
-            self._slots.release()
 
     async def _exchange(
         self,
         call: HttpCall,
         parse: Callable[[Any], T],
         *,
-        deadline: float,
+        deadline: Deadline,
         secret: Secret | None,
     ) -> T | _Attempt:
-        budget = min(self._policy.timeout_s, deadline - time.monotonic())
+        budget = min(self._policy.timeout_s, deadline.remaining())
         # Cut short by the deadline, a timeout proves nothing against the provider.
         full = budget >= self._policy.timeout_s
         try:

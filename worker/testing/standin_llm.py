@@ -74,6 +74,7 @@ class Fault:
     latency_s: float | None = None  # instead of the server's latency
     body: bytes | None = None  # a raw body instead of the answer (malformed JSON, HTML...)
     empty: bool = False  # a well-formed answer with no text
+    text: str | None = None  # this text as the answer (a model's own words: degenerate, tagged...)
     overlong: bool = False  # ignore max_tokens and write several times as much
     hang: bool = False  # never answer; wait for the client to give up
     drop: bool = False  # close the connection without answering
@@ -577,11 +578,12 @@ def _error_body(wire: str, status: int, message: str) -> bytes:
 
 def _success_body(wire: str, body: dict[str, Any], fault: Fault) -> bytes:
     max_tokens = _max_tokens(body) or 256
-    text = (
-        ""
-        if fault.empty
-        else standin_summary(_user_text(body), max_tokens, overlong=fault.overlong)
-    )
+    if fault.empty:
+        text = ""
+    elif fault.text is not None:
+        text = fault.text
+    else:
+        text = standin_summary(_user_text(body), max_tokens, overlong=fault.overlong)
     stop = "length" if fault.overlong else "stop"
     usage_in, usage_out = len(_user_text(body)) // 4, len(text) // 4
     if wire == "anthropic":

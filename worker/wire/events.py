@@ -96,6 +96,15 @@ class SummarySection(_Published):
 SUMMARY_MARKER = "[compaction-worker summary]"
 
 
+class LLMUsage(_Published):
+    """What the model's server reported for the calls of one LLM summary: the tokens it
+    counted (its own tokenizer, not ours; None when it reported none), summed over ``calls``."""
+
+    calls: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
 class Summary(_Published):
     """The summary that replaces the compacted range (``source``: the LLM or the digest).
 
@@ -117,6 +126,8 @@ class Summary(_Published):
     # A reviewer replaced the proposed text (review before apply, docs/events.md): ``fidelity``
     # is then the check of the edited text, and ``sections`` are gone (the edit has no sources).
     edited: bool = False
+    usage: LLMUsage | None = None  # an LLM summary's calls as the server counted them
+    model: str | None = None  # the LLM that wrote it ([llm] model or a fallback model)
 
 
 DroppedKind = Literal[
