@@ -2,11 +2,11 @@
 Debian's chromedriver, against a real ``compactor serve``, Redis and worker.
 
 Sign in, list, timeline, a compaction (its sections link to the messages they were drawn
-from), restore through the page, live events, another tenant's conversation answered 404, no
-console errors, every action reached with the keyboard with a visible focus, and no horizontal
-scroll at 375 px. A screenshot of each page goes to ``$COMPACTOR_ARTIFACTS_DIR`` (else
-``.pytest_cache/screenshots``). Skipped, with the reason, only where chromium or chromedriver
-is not installed (``.ci/run`` installs both)."""
+from), restore and approve (with an edit) through the page, live events, another tenant's
+conversation answered 404, no console errors, every action reached with the keyboard with a
+visible focus, and no horizontal scroll at 375 px. A screenshot of each page goes to
+``$COMPACTOR_ARTIFACTS_DIR`` (else ``.pytest_cache/screenshots``). Skipped, with the reason,
+only where chromium or chromedriver is not installed (``.ci/run`` installs both)."""
 
 from __future__ import annotations
 
@@ -225,6 +225,35 @@ def test_restoring_through_the_page(stack: Stack, browser: Any, data: dict[str, 
     with stack.http() as client:
         last = client.get("/v1/conversations/c-undo/events").json()[-1]
     assert last["type"] == "compaction.reverted" and last["reverted_event_id"] == done["event_id"]
+    assert console_errors(driver) == []
+
+
+def test_approving_a_held_compaction_through_the_page(stack: Stack, browser: Any) -> None:
+    """A snapshot that asks for review is held as compaction.proposed; its page approves it with
+    an edited summary, and the completed event carries the edit."""
+    snapshot = conversation("c-held", 12)
+    snapshot.setdefault("config", {})["review"] = True
+    submit(stack, snapshot)
+    events = wait_for_type(stack, "c-held", "compaction.proposed")
+    proposed = next(e for e in events if e["type"] == "compaction.proposed")
+    driver = browser
+    sign_in(driver, stack, KEY_A)
+    driver.get(f"{stack.base}/ui/conversations/c-held/compactions/{proposed['event_id']}")
+    assert "Held for review" in driver.find_element(By.ID, "review-heading").text
+    shot(driver, "proposal")
+    edit = "Edited in the browser: the failing test is in src/pkg/core.py."
+    field = driver.find_element(By.ID, "summary-edit")
+    field.clear()
+    field.send_keys(edit)
+    form = driver.find_element(By.CSS_SELECTOR, "section.review form.decide")
+    form.find_element(By.TAG_NAME, "button").click()
+    wait_until(lambda: "done=approved" in driver.current_url, "back on the timeline")
+    shot(driver, "approved")
+    completed = wait_for_type(stack, "c-held", "compaction.completed")
+    done = [e for e in completed if e["type"] == "compaction.completed"][-1]
+    assert done["proposal_event_id"] == proposed["event_id"] and done["approved_by"] == "api"
+    summary = done["compaction"]["summary"]
+    assert summary["edited"] and edit in summary["text"]
     assert console_errors(driver) == []
 
 

@@ -11,7 +11,11 @@ from worker.errors import CompactorError
 from worker.ops.tracing import AttributeValue, Telemetry
 from worker.pipeline.preparation import PreparedCompaction
 from worker.summarize import Summarizer, SummaryRequest
+from worker.tokens import count_tokens
 from worker.wire.events import Summary
+
+# The section an LLM summary's missing must-keep items are appended under, after the gate.
+MUST_KEEP_HEADING = "## Must keep (verbatim)"
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ def summarize(
         summary = fidelity.ensure(summary, facts, carried, limit=limit, model=request.model)
         if summary.source == "llm":  # the digest says what it drew from; the LLM's is read
             summary = provenance.attribute(summary, provenance.anchors(facts, request.messages))
+            summary = with_missing_items(summary, request.must_keep, limit, request.model)
         return summary
 
     def digested(reason: str | None) -> Summary:
@@ -114,3 +119,28 @@ def _must_keep_facts(
     request = prepared.request  # its messages: the very objects the digest and _must_keep saw
     facts = fidelity.extract_must_keep(request.messages, delegation_tools, plan.carried)
     return facts, fidelity.carried_text(plan.carried)
+
+
+def with_missing_items(
+    summary: Summary, items: list[str], limit: int, model: str | None
+) -> Summary:
+    """An LLM summary plus a final section with each must-keep item of the request (image and
+    file placeholders, error lines) its text lacks, as many as fit in ``limit`` tokens. A
+    repair: it runs after the fidelity gate, never before it."""
+    present = _normalized(summary.text)
+    missing = [i for i in dict.fromkeys(items) if i and _normalized(i) not in present]
+    if not missing:
+        return summary
+    text, added = f"{summary.text}\n\n{MUST_KEEP_HEADING}", False
+    for item in missing:
+        candidate = f"{text}\n- {item}"
+        if count_tokens(candidate, model) <= limit:
+            text, added = candidate, True
+    if not added:
+        return summary
+    return summary.model_copy(update={"text": text, "tokens": count_tokens(text, model)})
+
+
+def _normalized(text: str) -> str:
+    # Models reflow whitespace; a path or error is still kept if only its spacing changed.
+    return " ".join(text.split())
