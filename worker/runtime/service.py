@@ -96,20 +96,12 @@ class Service:
     ) -> Outcome:
         """Evaluate the conversation's newest revision. ``trace``: the W3C trace context the
         task message carried (the submit's span; ``{}``: none, a new trace)."""
-        timings: dict[str, float] = {}
-        try:
-            with self.telemetry.stage(
-                "evaluate",
-                kind="consumer",
-                parent=trace,
-                attributes={"gen_ai.conversation.id": conversation_id},
-                into=timings,
-            ) as stage:
-                outcome = self._evaluate(conversation_id, submitted_at, stage, timings)
-                stage.set({"compactor.outcome": outcome})
-                return outcome
-        finally:
-            self._add_timings(timings)
+        return self._task(
+            "evaluate",
+            conversation_id,
+            trace,
+            lambda stage, timings: self._evaluate(conversation_id, submitted_at, stage, timings),
+        )
 
     def _evaluate(
         self,
@@ -251,20 +243,12 @@ class Service:
     ) -> Outcome:
         """Compact the conversation (its newest revision; ``revision`` is the one evaluated
         over the threshold). ``trace``: as for :meth:`evaluate` (the evaluation's span)."""
-        timings: dict[str, float] = {}
-        try:
-            with self.telemetry.stage(
-                "compact",
-                kind="consumer",
-                parent=trace,
-                attributes={"gen_ai.conversation.id": conversation_id},
-                into=timings,
-            ) as stage:
-                outcome = self._summarize(conversation_id, revision, stage, timings)
-                stage.set({"compactor.outcome": outcome})
-                return outcome
-        finally:
-            self._add_timings(timings)
+        return self._task(
+            "compact",
+            conversation_id,
+            trace,
+            lambda stage, timings: self._summarize(conversation_id, revision, stage, timings),
+        )
 
     def _summarize(
         self, conversation_id: str, revision: int, stage: Stage, timings: dict[str, float]
@@ -388,6 +372,31 @@ class Service:
 
     # --- telemetry ---------------------------------------------------------------------------
 
+    def _task(
+        self,
+        name: str,
+        conversation_id: str,
+        trace: Mapping[str, str] | None,
+        run: Callable[[Stage, dict[str, float]], Outcome],
+        *,
+        idle: bool = False,
+    ) -> Outcome:
+        """A task's work as one consumer span (``trace``: the parent the task message carried;
+        None: a trace of its own), its outcome recorded, its stage timings added once done."""
+        timings: dict[str, float] = {}
+        attributes: dict[str, AttributeValue | None] = {"gen_ai.conversation.id": conversation_id}
+        if idle:
+            attributes["compactor.idle"] = True
+        try:
+            with self.telemetry.stage(
+                name, kind="consumer", parent=trace, attributes=attributes, into=timings
+            ) as stage:
+                outcome = run(stage, timings)
+                stage.set({"compactor.outcome": outcome})
+                return outcome
+        finally:
+            self._add_timings(timings)
+
     def _publishing(
         self, event: CompactionEvent, timings: dict[str, float]
     ) -> contextlib.AbstractContextManager[Stage]:
@@ -455,19 +464,13 @@ class Service:
         ``idle_threshold_tokens``: trigger kind ``idle``. Nothing is published under it (its
         evaluation already published the skip), nor while a newer snapshot waits or another
         worker holds the conversation: the normal path has it. A trace of its own."""
-        timings: dict[str, float] = {}
-        try:
-            with self.telemetry.stage(
-                "compact",
-                kind="consumer",
-                attributes={"gen_ai.conversation.id": conversation_id, "compactor.idle": True},
-                into=timings,
-            ) as stage:
-                outcome = self._compact_idle(conversation_id, stage, timings)
-                stage.set({"compactor.outcome": outcome})
-                return outcome
-        finally:
-            self._add_timings(timings)
+        return self._task(
+            "compact",
+            conversation_id,
+            None,
+            lambda stage, timings: self._compact_idle(conversation_id, stage, timings),
+            idle=True,
+        )
 
     def _compact_idle(
         self, conversation_id: str, stage: Stage, timings: dict[str, float]
