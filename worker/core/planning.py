@@ -2,7 +2,8 @@
 
 Pure functions over normalized messages. When the trigger fires: leading system messages stay;
 the range ends before the protected tail (the newest group, and an unfinished tool exchange);
-the newest user turns (up to ``preserve_recent_user_tokens``, at least one) and the last
+the newest user turns (up to ``preserve_recent_user_tokens``, at least one; a turn repeating a
+newer one word for word once) and the last
 ``preserve_recent_delegation_results`` delegation results are carried verbatim into the
 replacement, in order, before the summary. Per-tool hints are resolved here, once, and frozen
 into the event (docs/configuration.md, "Per-tool hints"): ``keep`` carries a call whole,
@@ -104,8 +105,12 @@ def plan_range(
 def _preserved_users(
     messages: list[Message], groups: list[Group], budget: int, count: TokenCount
 ) -> set[int]:
-    """Newest user turns within ``budget`` tokens, and always at least the newest one."""
+    """Newest user turns within ``budget`` tokens, and always at least the newest one. An
+    older turn that repeats a newer one's text word for word (a harness's format reminder, a
+    "continue") is not carried again: it says nothing the newer copy does not, and goes to the
+    summary input with the rest of the range."""
     chosen: set[int] = set()
+    said: set[str] = set()
     spent = 0
     for g in reversed(groups):
         if g.kind != "user":
@@ -116,10 +121,13 @@ def _preserved_users(
                 continue
             if not m.content.strip() and not m.attachments:  # an image alone is a turn
                 continue
+            if not m.attachments and m.content in said:
+                continue
             cost = count(m)
             if chosen and spent + cost > budget:
                 return chosen
             chosen.add(i)
+            said.add(m.content)
             spent += cost
     return chosen
 

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from worker.core.facts import extract_facts
+from worker.core.identifiers import CALLS, TEXT, code_names
 from worker.core.planning import (
     RangePlan,
     ToolPolicies,
@@ -24,6 +25,9 @@ from worker.wire.media import placeholders
 from worker.wire.models import Message
 
 MUST_KEEP_LIMIT = 60
+# The code names the agent used (its calls and text, best ranked first) that join the LLM's
+# checklist after the paths and errors: what the agent most often goes on to use.
+MUST_KEEP_NAMES = 40
 
 
 @dataclass(frozen=True)
@@ -108,11 +112,16 @@ def _carry_budget(context: SnapshotContext, evaluation: Evaluation, plan: RangeP
 
 
 def _must_keep(messages: list[Message]) -> list[str]:
-    """Paths, the first line of each failure, and a placeholder per image or file: the
-    summary names the range's images, so the model knows they existed."""
+    """Paths, the first line of each failure, and a placeholder per image or file (the
+    summary names the range's images, so the model knows they existed); then the code names
+    the agent used. The LLM gets them as a checklist before the conversation (the fidelity
+    gate checks its own facts, not these)."""
     facts = extract_facts(messages)
     items = list(facts.paths)
     for action in facts.failing:
         items.extend(action.error_lines[:1])
     items += [name for m in messages for name in placeholders(m.id, m.attachments)]
-    return list(dict.fromkeys(items))[:MUST_KEEP_LIMIT]
+    items = list(dict.fromkeys(items))[:MUST_KEEP_LIMIT]
+    listed = set(items)
+    names = [n.text for n in code_names(messages) if n.tier in (CALLS, TEXT)]
+    return items + [n for n in names if n not in listed][:MUST_KEEP_NAMES]

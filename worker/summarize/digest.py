@@ -1,9 +1,13 @@
 """The offline digest (``mode = local_only``): deterministic, bounded, no network.
 
 It states the task as the user gave it, what was done (tool calls by name with their key
-arguments), every file touched (verbatim paths), the errors seen and how they ended, and the
-latest state. When the text is over ``max_output_tokens``, sections give way in reverse order
-of importance: paths and errors are the last to be cut.
+arguments), every file touched (verbatim paths), the code names the agent used or learned
+(:mod:`worker.core.identifiers`), the errors seen and how they ended, and the latest state
+(its conclusion or hypothesis, the last call and the open next step). When the text is over
+``max_output_tokens``, sections give way by value per token: the earlier summary's prose (its
+files and names are carried into the new sections), then the action log, then names only a
+tool printed, each ranked list losing its least valuable items first; paths, errors and the
+names the agent used are the last to be cut.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from worker.core.facts import (
 )
 from worker.core.fidelity import is_conclusion, strip_thought
 from worker.core.files import CHANGE_KINDS
+from worker.core.identifiers import CALLS, OUTPUT, TEXT, USER, code_names, shown_by
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.summarize.prompt import without_bytes
 from worker.tokens import count_tokens, cut_to_tokens
@@ -40,6 +45,7 @@ class _Section:
     body: str
     sources: list[str]  # ids of the messages it was drawn from (a cut keeps them all)
     priority: int  # lower is cut first
+    ranked: bool = False  # lines of items, best first: a cut drops the last items
 
 
 class DigestSummarizer:
@@ -56,13 +62,16 @@ class DigestSummarizer:
         calls = [i for a in facts.actions for i in a.message_ids]
         used = _file_sources(facts, files, previous)
         earlier = _strip_marker(request.previous_summary or "")
+        used_names, printed_names = _names(request, files)
         sections = [
-            _Section("Requested focus", *_focus(request), priority=7),
-            _Section("Files touched", render_files(files), used, priority=6),
-            _Section("Errors seen", *_errors(facts), priority=5),
-            _Section("Images and files", *_attachments(request.messages), priority=5),
-            _Section("Earlier user requests", *_task(request.messages), priority=4),
-            _Section("Latest state", *_latest_state(request.messages, facts), priority=3),
+            _Section("Requested focus", *_focus(request), priority=9),
+            _Section("Files touched", render_files(files), used, priority=8),
+            _Section("Errors seen", *_errors(facts), priority=7),
+            _Section("Images and files", *_attachments(request.messages), priority=7),
+            _Section(CODE_NAMES, *used_names, priority=6, ranked=True),
+            _Section("Earlier user requests", *_task(request.messages), priority=5),
+            _Section("Latest state", *_latest_state(request.messages, facts), priority=4),
+            _Section(OUTPUT_NAMES, *printed_names, priority=3, ranked=True),
             _Section("Actions", _actions(facts), calls, priority=2),
             _Section("Earlier summary", earlier, previous, priority=1),
         ]
@@ -78,6 +87,71 @@ class DigestSummarizer:
                 SummarySection(title=s.title, source_ids=s.sources) for s in present if s.body
             ],
         )
+
+
+CODE_NAMES = "Code names"
+OUTPUT_NAMES = "Names printed by tools"
+_TIER_LABELS = {
+    CALLS: "In the agent's commands and edits",
+    TEXT: "In its notes",
+    USER: "In user messages",
+}
+_EARLIER_LABEL = "From earlier summaries"
+_PRINTED_LABEL = "Seen in outputs"
+_NAMES_LINE = re.compile(r"^([A-Z][^:]*): (.+)$")
+
+
+def _names(
+    request: SummaryRequest, files: list[tuple[str, list[str]]]
+) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    """The code names the range held, best ranked first, less what the files list shows: the
+    ones the agent used (its calls, its text, a user's message, then those an earlier summary
+    listed), and apart, those only a tool printed (more of them, and each less likely needed)."""
+    shown = {path for path, _ in files} | {n for path, _ in files for n in shown_by(path)}
+    used: list[tuple[str, str]] = []
+    printed: list[tuple[str, str]] = []
+    used_ids: list[str] = []
+    printed_ids: list[str] = []
+    for name in code_names(request.messages):
+        if name.text in shown:
+            continue
+        shown.add(name.text)
+        shown.update(shown_by(name.text))
+        if name.tier == OUTPUT:
+            printed.append((_PRINTED_LABEL, name.text))
+            printed_ids.extend(name.message_ids)
+        else:
+            used.append((_TIER_LABELS[name.tier], name.text))
+            used_ids.extend(name.message_ids)
+    for earlier in _earlier_names(request.previous_summary or ""):
+        if earlier not in shown:
+            shown.add(earlier)
+            used.append((_EARLIER_LABEL, earlier))
+    if any(label == _EARLIER_LABEL for label, _ in used):
+        used_ids.extend(request.previous_summary_ids)
+    return (
+        (render_names(used), list(dict.fromkeys(used_ids))),
+        (render_names(printed), list(dict.fromkeys(printed_ids))),
+    )
+
+
+def render_names(items: list[tuple[str, str]]) -> str:
+    """One line per label, its names in rank order, separated by spaces (each name is whole)."""
+    lines: dict[str, list[str]] = {}
+    for label, name in items:
+        lines.setdefault(label, []).append(name)
+    return "\n".join(f"{label}: {' '.join(names)}" for label, names in lines.items())
+
+
+def _earlier_names(previous: str) -> list[str]:
+    """The names an earlier digest listed (both of its name sections)."""
+    names: list[str] = []
+    for title in (CODE_NAMES, OUTPUT_NAMES):
+        for line in _section_of(previous, title).splitlines():
+            match = _NAMES_LINE.match(line.strip())
+            if match:
+                names.extend(n for n in match.group(2).split() if n != "…")
+    return names
 
 
 def _accumulated_files(facts: Facts, previous: str | None) -> list[tuple[str, list[str]]]:
@@ -374,7 +448,10 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
             break
         own = count_tokens(section.body, request.model)
         keep = max(own - (total - limit) - 8, 0)
-        section.body = _head_tail(section.body, keep, request.model) if keep >= 24 else ""
+        if section.ranked:
+            section.body = _best_names(section.body, keep, request.model)
+        else:
+            section.body = _head_tail(section.body, keep, request.model) if keep >= 24 else ""
         truncated = True
         text = _render(header, sections)
         total = count_tokens(text, request.model)
@@ -382,6 +459,25 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
         text, _ = cut_to_tokens(text, limit, request.model)
         truncated = True
     return text, truncated
+
+
+def _best_names(body: str, max_tokens: int, model: str | None) -> str:
+    """The best ranked names of a names section that fit ``max_tokens`` (they come in rank
+    order, so the ones dropped are the least likely to be needed)."""
+    items = [
+        (match.group(1), name)
+        for line in body.splitlines()
+        if (match := _NAMES_LINE.match(line))
+        for name in match.group(2).split()
+    ]
+    low, high = 0, len(items)  # the most items known to fit, the fewest known not to
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count_tokens(render_names(items[:middle]), model) <= max_tokens:
+            low = middle
+        else:
+            high = middle - 1
+    return render_names(items[:low])
 
 
 def _head_tail(text: str, max_tokens: int, model: str | None) -> str:

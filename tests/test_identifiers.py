@@ -1,0 +1,253 @@
+"""The code names a range taught the agent: their shapes, their rank, and the digest that keeps
+the best ranked of them within its bound; the LLM's checklist; one carried copy of a repeated
+user turn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from worker.config import Settings
+from worker.core.identifiers import CALLS, OUTPUT, TEXT, code_names, names_in, shown_by
+from worker.pipeline import Adapters, Pipeline
+from worker.summarize import SummaryRequest
+from worker.summarize.digest import CODE_NAMES, OUTPUT_NAMES, DigestSummarizer
+from worker.transcripts.filesystem import FileStore
+from worker.wire.events import CompletedEvent, Summary
+from worker.wire.models import Message, ToolCall
+from worker.wire.snapshots import parse_snapshot
+
+
+def test_each_shape_of_code_name_is_found_and_prose_is_not() -> None:
+    text = (
+        "from django.db.models import QuerySet; x = construct_instance(form); "
+        "settings.configure(INSTALLED_APPS=[]); class Meta: pass; getValue; _cstack; "
+        "grep -rn foo astropy/modeling/separable.py:12 and setup.py; models.Model"
+    )
+    assert list(names_in(text)) == [
+        "astropy/modeling/separable.py",
+        "setup.py",
+        "django.db.models",
+        "models.Model",
+        "QuerySet",
+        "construct_instance",
+        "configure",
+        "INSTALLED_APPS",
+        "Meta",
+        "getValue",
+        "_cstack",
+    ]
+
+
+def test_keywords_builtins_methods_of_builtin_types_and_sed_scripts_are_not_names() -> None:
+    text = (
+        "for item in items: print(len(item)); lines.append(x); s.strip(); __init__; "
+        "os.path.join(a, b); self.value.other; sed -i 's/old/new/' it; ab"
+    )
+    assert list(names_in(text)) == []
+
+
+def test_a_word_inside_a_path_or_dotted_name_is_not_listed_again() -> None:
+    assert list(names_in("python tests/test_forms.py and forms.models.construct_instance")) == [
+        "tests/test_forms.py",
+        "forms.models.construct_instance",
+    ]
+    assert shown_by("django/db/query.py") >= {"db/query.py", "query.py", "query", "django/db"}
+    assert shown_by("a.b.Model") == {"a", "b", "Model", "a.b", "b.Model"}
+
+
+def _call(cid: str, command: str, text: str = "") -> Message:
+    call = ToolCall(id=cid, name="bash", arguments=json.dumps({"command": command}))
+    return Message(id=f"a{cid}", role="assistant", content=text, tool_calls=(call,), source_index=0)
+
+
+def _result(cid: str, output: str) -> Message:
+    return Message(
+        id=f"r{cid}",
+        role="tool",
+        tool_call_id=cid,
+        tool_name="bash",
+        content=f"<returncode>0</returncode>\n<output>\n{output}</output>",
+        source_index=0,
+    )
+
+
+def _session() -> list[Message]:
+    return [
+        _call("1", "grep -rn 'def construct_instance' django/forms", "Where is it defined?"),
+        _result("1", "django/forms/models.py:31:def construct_instance(form, instance):\n"),
+        _call("2", "python -c 'from django.forms import construct_instance'", "Now `QuerySet`."),
+        _result("2", "QuerySet_helper fields_for_model ModelFormMetaclass\n"),
+        _call("3", "python -m pytest tests/model_forms -k test_default_not_populated"),
+        _result("3", "1 passed\n"),
+    ]
+
+
+def test_names_rank_by_where_they_were_seen_then_by_how_often() -> None:
+    ranked = code_names(_session())
+    tiers = {n.text: n.tier for n in ranked}
+    assert tiers["construct_instance"] == CALLS  # called, printed and mentioned: the best tier
+    assert tiers["QuerySet"] == TEXT
+    assert tiers["fields_for_model"] == OUTPUT
+    assert [n.tier for n in ranked] == sorted(n.tier for n in ranked)
+    by_name = {n.text: n for n in ranked}
+    assert by_name["construct_instance"].message_ids == ["a1", "r1", "a2"]
+    assert by_name["construct_instance"].count == 3
+
+
+def _request(messages: list[Message], bound: int, previous: str | None = None) -> SummaryRequest:
+    return SummaryRequest(
+        conversation_id="c",
+        revision=1,
+        messages=messages,
+        previous_summary=previous,
+        max_input_chars=100_000,
+        max_output_tokens=bound,
+        source_tokens=100_000,
+    )
+
+
+def _section(text: str, title: str) -> str:
+    if f"## {title}\n" not in text:
+        return ""
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _digest(messages: list[Message], bound: int = 2000, previous: str | None = None) -> Summary:
+    return DigestSummarizer().summarize(_request(messages, bound, previous))
+
+
+def test_the_digest_lists_used_names_apart_from_names_only_a_tool_printed() -> None:
+    text = _digest(_session()).text
+    used = _section(text, CODE_NAMES)
+    printed = _section(text, OUTPUT_NAMES)
+    assert "In the agent's commands and edits: " in used
+    for name in ("construct_instance", "test_default_not_populated"):
+        assert name in used.split("\n")[0].split()
+    assert "In its notes: QuerySet" in used
+    # Only a tool printed them (the grep hit's path too: the agent searched a folder).
+    assert set(printed.split(": ", 1)[1].split()) == {
+        "QuerySet_helper",
+        "fields_for_model",
+        "ModelFormMetaclass",
+        "django/forms/models.py",
+    }
+
+
+def _names_of(text: str, title: str) -> list[str]:
+    return [
+        n for line in _section(text, title).splitlines() for n in line.split(": ", 1)[1].split()
+    ]
+
+
+def test_a_tighter_bound_gives_way_by_value_and_each_name_list_loses_its_last_names() -> None:
+    many = [
+        _call(str(i), f"python run_{i}.py --flag value_{i}", f"Checking helper_{i}.")
+        for i in range(40)
+    ] + [_result("0", " ".join(f"printed_name_{i}" for i in range(200)))]
+    full = _digest(many, bound=4000)
+    assert len(_names_of(full.text, OUTPUT_NAMES)) == 200 and not full.truncated
+    used_all = _names_of(full.text, CODE_NAMES)
+    printed_all = _names_of(full.text, OUTPUT_NAMES)
+    stages = []
+    for bound in range(full.tokens, 300, -40):
+        text = _digest(many, bound=bound).text
+        used, printed = _names_of(text, CODE_NAMES), _names_of(text, OUTPUT_NAMES)
+        assert used == used_all[: len(used)] and printed == printed_all[: len(printed)]
+        stages.append(("## Actions" in text, len(printed), len(used)))
+    # The action log goes before any printed name, and every printed name before a used one.
+    assert any(not actions and printed == 200 for actions, printed, _ in stages)
+    assert any(printed == 0 and used == len(used_all) for _, printed, used in stages)
+    assert stages[-1][2] < len(used_all)
+    assert printed_all[0] == "printed_name_199"  # same count and tier: the newest first
+
+
+def test_names_an_earlier_digest_listed_are_carried_into_the_next() -> None:
+    first = _digest(_session()).text
+    later = _digest([_call("9", "cat docs/ref.rst"), _result("9", "text\n")], previous=first)
+    carried = _section(later.text, CODE_NAMES)
+    assert "From earlier summaries: " in carried
+    assert "construct_instance" in carried and "fields_for_model" in carried
+
+
+def _snapshot(messages: list[dict[str, Any]], **compaction: Any) -> dict[str, Any]:
+    return {
+        "conversation_id": "names",
+        "revision": 1,
+        "format": "openai",
+        "model": {"name": "gpt-4o"},
+        "messages": messages,
+        "config": {"mode": "local_only", **compaction},
+    }
+
+
+def _openai_session(reminders: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix construct_instance in django/forms/models.py."},
+    ]
+    for i in range(6):
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": f"cat f_{i}.py"})},
+        }
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        output = "\n".join(f"result {i}.{k}: {k * 7919 % 104729}" for k in range(150))
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": output})
+        if i < reminders:
+            messages.append({"role": "user", "content": "Reply with exactly one command."})
+    messages.append({"role": "assistant", "content": "Done reading."})
+    return messages
+
+
+def _compact(snapshot: dict[str, Any], tmp_path: Path) -> CompletedEvent:
+    parsed = parse_snapshot(snapshot, Settings())
+    event = Pipeline(parsed.settings, Adapters(store=FileStore(tmp_path))).run(parsed)[-1]
+    assert isinstance(event, CompletedEvent), event
+    return event
+
+
+def test_a_user_turn_repeated_word_for_word_is_carried_once(tmp_path: Path) -> None:
+    event = _compact(
+        _snapshot(
+            _openai_session(4), auto_compact_threshold_tokens=2000, summary_max_output_tokens=300
+        ),
+        tmp_path,
+    )
+    carried = [m["content"] for m in event.compaction.replacement if m.get("role") == "user"]
+    reminders = [c for c in carried if c == "Reply with exactly one command."]
+    assert len(reminders) == 1
+    assert "Fix construct_instance in django/forms/models.py." in carried
+    assert "Reply with exactly one command." in event.compaction.summary.text  # summarized once
+
+
+class _Checklist:
+    """The LLM's place in the pipeline: keeps each request; answers with the digest."""
+
+    def __init__(self) -> None:
+        self.requests: list[SummaryRequest] = []
+
+    def summarize(self, request: SummaryRequest) -> Summary:
+        self.requests.append(request)
+        return DigestSummarizer().summarize(request)
+
+
+def test_the_llm_gets_the_names_the_agent_used_in_its_checklist(tmp_path: Path) -> None:
+    messages = _openai_session(0)
+    messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps(
+        {"command": "python -c 'from app.forms import construct_instance, ModelFormMetaclass'"}
+    )
+    snapshot = _snapshot(
+        messages,
+        mode="prefer_remote",
+        auto_compact_threshold_tokens=2000,
+        summary_max_output_tokens=300,
+    )
+    parsed = parse_snapshot(snapshot, Settings())
+    llm = _Checklist()
+    Pipeline(parsed.settings, Adapters(store=FileStore(tmp_path), llm=llm)).run(parsed)
+    (request,) = llm.requests
+    assert {"construct_instance", "ModelFormMetaclass"} <= set(request.must_keep)
+    assert request.must_keep.index("f_1.py") < request.must_keep.index("construct_instance")
