@@ -263,7 +263,7 @@ def test_a_strategy_that_changes_nothing_is_skipped(tmp_path: Path) -> None:
 
 def test_masking_keeps_the_newest_outputs_before_the_tail_and_the_tail_whole() -> None:
     def msg(i: int, role: str, content: str, **more: Any) -> Message:
-        return Message(id=f"m{i}", role=role, content=content, source_index=i, **more)  # type: ignore[arg-type]
+        return Message(id=f"m{i}", role=role, content=content, source_index=i, **more)
 
     messages = [msg(0, "system", "sys"), msg(1, "user", "task")]
     for k in range(4):
