@@ -4,8 +4,9 @@ The range is picked as for a summary. A strategy of :mod:`worker.core.strategies
 :class:`Masking`, observation masking) is run over the whole history (leading system messages,
 the range, the protected tail), as the strategies expect, and the messages of its result that
 lie in the range stand for the range: kept as they were, or rewritten (a tool output replaced
-by a placeholder). Messages it dropped are counted in one marker message, so that the agent and
-the model know something was there. Pure: no LLM, no digest.
+by a placeholder). One marker message follows them, counting what was omitted or replaced so
+far (an earlier reduction's marker in the range is taken over), so that the agent and the model
+know something was there. Pure: no LLM, no digest.
 """
 
 from __future__ import annotations
