@@ -374,3 +374,49 @@ def test_the_offline_cli_honours_the_configured_reduction(run_cli_in_process: Cl
     refused = run_cli_in_process("compact", "snap.json", env=env)
     assert refused.code == 2
     assert "compaction.reduction" in refused.stderr and "'sliding_window'" in refused.stderr
+
+
+# --- other wire formats ---------------------------------------------------------------------
+
+
+def anthropic_session(turns: int) -> dict[str, Any]:
+    """An Anthropic Messages history: tool_use blocks answered by tool_result blocks."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
+    for k in range(turns):
+        use = {"type": "tool_use", "id": f"toolu_{k}", "name": "bash", "input": {"n": k}}
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "Go."}, use]})
+        body = " ".join(f"w{k}_{i}" for i in range(300))
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": body}
+        messages.append({"role": "user", "content": [result]})
+    messages.append({"role": "assistant", "content": "Continuing."})
+    return {
+        "conversation_id": "c-anthropic",
+        "revision": 1,
+        "format": "anthropic",
+        "model": {"name": "claude-sonnet-4", "context_window": 8000},
+        "system": "You are a coding agent.",
+        "messages": messages,
+    }
+
+
+def anthropic_pairs_intact(messages: list[dict[str, Any]]) -> None:
+    waiting: set[str] = set()
+    for m in messages:
+        blocks = m["content"] if isinstance(m["content"], list) else []
+        results = {b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"}
+        assert results == waiting, (results, waiting)
+        waiting = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+    assert not waiting
+
+
+@pytest.mark.parametrize("reduction", STRATEGIES)
+def test_each_strategy_on_an_anthropic_history(tmp_path: Path, reduction: str) -> None:
+    snap = anthropic_session(20)
+    event = Run(tmp_path, reduction).completed(snap)
+    c = event.compaction
+    assert c.format == "anthropic" and c.reduction == reduction
+    applied = apply_compaction(snap["messages"], event)
+    anthropic_pairs_intact(applied)
+    assert applied[-1] == snap["messages"][-1]
+    assert c.replacement[-1]["content"][0]["text"] == c.summary.text
+    assert c.tokens_after < c.tokens_before
