@@ -258,6 +258,7 @@ def test_a_strategy_that_changes_nothing_is_skipped(tmp_path: Path) -> None:
     snap = coding_session("c-fits")
     events = run.pipeline.run(run.pipeline.parse(json.dumps(snap).encode()))
     assert events[-1].type == "compaction.skipped"
+    assert "the truncation reduction keeps it" in events[-1].reason
     assert run.llm.calls == run.digest.calls == 0
 
 

@@ -266,9 +266,7 @@ class Pipeline:
                 parsed.revision,
                 self.adapters.now(),
                 why="nothing",
-                reason="over the threshold, but nothing outside the protected tail"
-                if request_id is None
-                else "requested, but nothing outside the protected tail",
+                reason=_nothing_reason(context, request_id),
                 trigger=evaluation.trigger(),
             )
             return _of_request(skipped, "nothing", request_id)
@@ -451,6 +449,16 @@ class Pipeline:
 
 
 _Outcome = TypeVar("_Outcome", SkippedEvent, FailedEvent)
+
+
+def _nothing_reason(context: SnapshotContext, request_id: str | None) -> str:
+    """Why a compaction over the threshold (or requested) was made of nothing."""
+    why = "over the threshold" if request_id is None else "requested"
+    reduction = context.config.reduction
+    if reduction == "summary":
+        return f"{why}, but nothing outside the protected tail"
+    # A strategy within its bound keeps the range as it is: no event would change anything.
+    return f"{why}, but nothing outside the protected tail, or the {reduction} reduction keeps it"
 
 
 def _of_request(event: _Outcome, part: str, request_id: str | None) -> _Outcome:
