@@ -35,6 +35,11 @@ AutoCompactTrigger = Literal["off", "window_share_only", "thresholds"]
 CompactionMode = Literal["local_only", "prefer_remote", "remote_only"]
 CompactionPolicy = Literal["threshold", "cost"]
 ToolHint = Literal["keep", "strip", "strip-requests", "strip-responses", "omit"]
+# How the compacted range is reduced (docs/configuration.md, "Reduction"): summarized, or cut
+# down by a non-LLM strategy (worker.core.strategies) or by observation masking.
+Reduction = Literal[
+    "summary", "truncation", "sliding_window", "token_budget", "selective_tool_result", "masking"
+]
 
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
@@ -109,6 +114,13 @@ class CompactionConfig(_Strict):
     # (operator only) holds those of the named tenants' conversations.
     review: bool = False
     review_tenants: list[str] = Field(default_factory=list)
+    # How the range is reduced: "summary" (the LLM or digest) or a strategy, each with its knob.
+    reduction: Reduction = "summary"
+    reduction_max_messages: int = Field(default=40, ge=1)  # truncation
+    reduction_window: int = Field(default=40, ge=1)  # sliding_window
+    # token_budget; None: half the trigger threshold (docs/configuration.md, "Reduction").
+    reduction_max_tokens: int | None = Field(default=None, ge=1)
+    reduction_keep_tool_results: int = Field(default=3, ge=0)  # selective_tool_result, masking
 
     def reviews(self, conversation_id: str) -> bool:
         """Whether compactions of ``conversation_id`` (an internal id, ``tenant:conv`` under
@@ -123,6 +135,7 @@ class CompactionConfig(_Strict):
         "auto_compact_threshold_tokens",
         "auto_compact_threshold_percent",
         "max_persisted_transcripts",
+        "reduction_max_tokens",
         mode="before",
     )(_none_word)
 

@@ -90,16 +90,32 @@ def plan_range(
 ) -> RangePlan | None:
     """The compaction of ``messages``, or None when nothing outside the protected parts remains."""
     groups, first, tail = compactable_groups(messages)
-    if first >= tail:
+    bounds = _bounds(messages, groups, first, tail)
+    if bounds is None:
         return None
+    start, end = bounds
     in_range = groups[first:tail]
-    start = messages[in_range[0].start].source_index
-    end = messages[groups[tail].start].source_index
-    if start < 0 or start >= end:
-        return None
     users = _preserved_users(messages, in_range, config.preserve_recent_user_tokens, count)
     delegations = _preserved_delegations(messages, in_range, config, policies)
     return _assemble(messages, in_range, policies, start, end, users, delegations)
+
+
+def range_bounds(messages: list[Message]) -> tuple[int, int] | None:
+    """The wire range ``start..end`` a compaction of ``messages`` replaces (what
+    :func:`plan_range` picks), or None when nothing outside the protected parts remains."""
+    return _bounds(messages, *compactable_groups(messages))
+
+
+def _bounds(
+    messages: list[Message], groups: list[Group], first: int, tail: int
+) -> tuple[int, int] | None:
+    if first >= tail:
+        return None
+    start = messages[groups[first].start].source_index
+    end = messages[groups[tail].start].source_index
+    if start < 0 or start >= end:
+        return None
+    return start, end
 
 
 def _preserved_users(

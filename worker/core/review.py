@@ -36,6 +36,13 @@ def edited_summary(
     ``transcript`` (the compaction's full pre-compaction history) holds, missing facts repaired
     into its "Kept facts" section, and marked ``edited`` with that ``fidelity``; its only
     section with sources is the repair's."""
+    if compaction.reduction != "summary":
+        # Its text is only the marker of what a strategy omitted: an edit would pass off a
+        # reviewer's summary as the strategy's, and the must-keep check does not apply to it.
+        raise InvalidInput(
+            f"summary: a {compaction.reduction} reduction has no summary to edit; "
+            "approve or decline it as it is"
+        )
     body = text.strip()
     if not body:
         raise InvalidInput("summary: the edited summary is empty")

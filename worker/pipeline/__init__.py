@@ -11,8 +11,9 @@ One module per step, each over the snapshot's :class:`SnapshotContext` (``contex
 parsed snapshot with its tokenizer, projection policy and media rules, built once):
 ``evaluation.py`` (project, count, the threshold), ``memo.py`` (the same with the
 conversation's stored memo), ``preparation.py`` (the range and what is carried),
-``summary.py`` (the summary per mode, checked), ``describe.py`` (the event's compaction and
-the transcript); ``orchestrator.py`` runs them in order.
+``summary.py`` (the summary per mode, checked), ``reduction.py`` (under a ``[compaction]
+reduction`` strategy: the range reduced and described instead of summarized), ``describe.py``
+(the event's compaction and the transcript); ``orchestrator.py`` runs them in order.
 """
 
 from worker.pipeline.context import SnapshotContext, snapshot_context, tokenizer_of

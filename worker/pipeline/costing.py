@@ -20,8 +20,10 @@ SUMMARY_SHARE = 25
 
 
 def uses_llm(context: SnapshotContext, has_llm: bool) -> bool:
-    """Whether the summary would come from the LLM (whose call costs money)."""
-    return has_llm and context.config.mode != "local_only"
+    """Whether the summary would come from the LLM (whose call costs money): never under a
+    reduction strategy, which calls no summarizer."""
+    config = context.config
+    return has_llm and config.mode != "local_only" and config.reduction == "summary"
 
 
 def activity_of(

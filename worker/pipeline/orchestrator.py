@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from worker.config import Settings
@@ -17,7 +18,8 @@ from worker.pipeline.costing import activity_of, estimated_cost, measured_cost, 
 from worker.pipeline.describe import build_compaction, transcript_payload
 from worker.pipeline.evaluation import Evaluation, evaluate
 from worker.pipeline.memo import MemoUpdate, StoredBlob, evaluate_with_memo
-from worker.pipeline.preparation import prepare
+from worker.pipeline.preparation import PreparedCompaction, prepare
+from worker.pipeline.reduction import PreparedReduction, build_reduction, prepare_reduction
 from worker.pipeline.summary import LLMTracing, summarize
 from worker.reuse import Reuse
 from worker.summarize import Summarizer
@@ -25,6 +27,7 @@ from worker.summarize.digest import DigestSummarizer
 from worker.transcripts import TranscriptStore
 from worker.wire.composed import ComposedCompaction, apply_composed
 from worker.wire.events import (
+    Compaction,
     CompactionEvent,
     CompletedEvent,
     ElidedEvent,
@@ -255,46 +258,117 @@ class Pipeline:
         requested compaction's focus, for the summarizer only."""
         context = self._context(snapshot)
         parsed = context.parsed
-        trigger = evaluation.trigger()
-        now = self.adapters.now
-        prepared = prepare(context, evaluation, instructions=instructions)
         request_id = evaluation.request_id
-        if prepared is None:
+        planned = self._planned(context, evaluation, instructions, timings)
+        if planned is None:
             skipped = skipped_event(
                 parsed.conversation_id,
                 parsed.revision,
-                now(),
+                self.adapters.now(),
                 why="nothing",
-                reason="over the threshold, but nothing outside the protected tail"
-                if request_id is None
-                else "requested, but nothing outside the protected tail",
-                trigger=trigger,
+                reason=_nothing_reason(context, request_id),
+                trigger=evaluation.trigger(),
             )
             return _of_request(skipped, "nothing", request_id)
-        if already_published(prepared.event_id):
+        event_id, source_tokens, make = planned
+        if already_published(event_id):
             return None
-        store = self.adapters.store
+        return self._completed(context, evaluation, event_id, make, source_tokens, timings)
+
+    def _planned(
+        self,
+        context: SnapshotContext,
+        evaluation: Evaluation,
+        instructions: str | None,
+        timings: dict[str, float] | None,
+    ) -> tuple[str, int, Callable[[], Compaction]] | None:
+        """(event id, tokens summarized, what builds the compaction) of the range, summarized
+        or reduced as ``[compaction] reduction`` says; None when there is nothing to compact."""
+        if context.config.reduction != "summary":
+            reduction = prepare_reduction(context, evaluation)
+            if reduction is None:
+                return None
+            # A strategy summarizes nothing: no summary input to cost.
+            return (
+                reduction.event_id,
+                0,
+                partial(self._reduced, context, reduction, evaluation, timings),
+            )
+        prepared = prepare(context, evaluation, instructions=instructions)
+        if prepared is None:
+            return None
+        make = partial(self._summarized, context, prepared, evaluation, timings)
+        return prepared.event_id, prepared.request.source_tokens, make
+
+    def _summarized(
+        self,
+        context: SnapshotContext,
+        prepared: PreparedCompaction,
+        evaluation: Evaluation,
+        timings: dict[str, float] | None,
+    ) -> Compaction:
+        """The compaction of the prepared range replaced by its summary (per ``mode``)."""
         telemetry = self.adapters.telemetry
+        conversation = {"gen_ai.conversation.id": context.conversation_id}
+        with telemetry.stage("summarize", attributes=conversation, into=timings) as stage:
+            summary = summarize(
+                prepared,
+                context.config,
+                llm=self.adapters.llm,
+                digest=self.adapters.digest,
+                traced=LLMTracing(telemetry, self.settings.llm, timings),
+            )
+            stage.set(
+                {
+                    "compactor.summary.source": summary.source,
+                    "compactor.summary.tokens": summary.tokens,
+                    "compactor.summary.fallback_reason": summary.fallback_reason,
+                }
+            )
+        return build_compaction(context, prepared, summary, evaluation)
+
+    def _reduced(
+        self,
+        context: SnapshotContext,
+        prepared: PreparedReduction,
+        evaluation: Evaluation,
+        timings: dict[str, float] | None,
+    ) -> Compaction:
+        """The compaction of the range as the configured strategy reduced it (timed as the
+        summarize stage: the step that makes the replacement)."""
+        telemetry = self.adapters.telemetry
+        conversation = {"gen_ai.conversation.id": context.conversation_id}
+        with telemetry.stage("summarize", attributes=conversation, into=timings) as stage:
+            compaction = build_reduction(context, prepared, evaluation)
+            stage.set(
+                {
+                    "compactor.summary.source": compaction.summary.source,
+                    "compactor.summary.tokens": compaction.summary.tokens,
+                    "compactor.reduction": compaction.reduction,
+                }
+            )
+        return compaction
+
+    def _completed(
+        self,
+        context: SnapshotContext,
+        evaluation: Evaluation,
+        event_id: str,
+        make: Callable[[], Compaction],
+        source_tokens: int,
+        timings: dict[str, float] | None,
+    ) -> CompactionEvent:
+        """The completed event of the compaction ``make`` builds, its transcript written (or
+        the failed event saying why not)."""
+        parsed = context.parsed
+        trigger = evaluation.trigger()
+        now = self.adapters.now
+        store = self.adapters.store
         conversation = {"gen_ai.conversation.id": parsed.conversation_id}
         try:
-            with telemetry.stage("summarize", attributes=conversation, into=timings) as stage:
-                summary = summarize(
-                    prepared,
-                    context.config,
-                    llm=self.adapters.llm,
-                    digest=self.adapters.digest,
-                    traced=LLMTracing(telemetry, self.settings.llm, timings),
-                )
-                stage.set(
-                    {
-                        "compactor.summary.source": summary.source,
-                        "compactor.summary.tokens": summary.tokens,
-                        "compactor.summary.fallback_reason": summary.fallback_reason,
-                    }
-                )
-            compaction = build_compaction(context, prepared, summary, evaluation)
+            compaction = make()
             kind = store_kind(store)
-            with telemetry.stage(
+            with self.adapters.telemetry.stage(
                 "store_write",
                 attributes=conversation | {"compactor.store": kind},
                 labels={"store": kind},
@@ -303,11 +377,11 @@ class Pipeline:
                 ref = store.write(
                     parsed.conversation_id,
                     parsed.revision,
-                    prepared.event_id,
+                    event_id,
                     transcript_payload(
                         parsed,
                         compaction,
-                        prepared.event_id,
+                        event_id,
                         redact=self.settings.transcripts.redact,
                     ),
                 )
@@ -323,13 +397,13 @@ class Pipeline:
                 message=exc.message,
                 trigger=trigger,
             )
-            return _of_request(failed, exc.code, request_id)
+            return _of_request(failed, exc.code, evaluation.request_id)
         _enforce_retention(store, parsed, ref.uri)
         decision = evaluation.decision
         cost = measured_cost(
             context,
             compaction,
-            prepared.request.source_tokens,
+            source_tokens,
             evaluation.activity or activity_of(context, None, now()),
             decision=decision.reason if decision is not None else None,
         )
@@ -337,7 +411,7 @@ class Pipeline:
             parsed.conversation_id,
             parsed.revision,
             now(),
-            event_id=prepared.event_id,
+            event_id=event_id,
             trigger=trigger,
             compaction=compaction.model_copy(update={"transcript": ref}),
             cost=cost,
@@ -375,6 +449,16 @@ class Pipeline:
 
 
 _Outcome = TypeVar("_Outcome", SkippedEvent, FailedEvent)
+
+
+def _nothing_reason(context: SnapshotContext, request_id: str | None) -> str:
+    """Why a compaction over the threshold (or requested) was made of nothing."""
+    why = "over the threshold" if request_id is None else "requested"
+    reduction = context.config.reduction
+    if reduction == "summary":
+        return f"{why}, but nothing outside the protected tail"
+    # A strategy within its bound keeps the range as it is: no event would change anything.
+    return f"{why}, but nothing outside the protected tail, or the {reduction} reduction keeps it"
 
 
 def _of_request(event: _Outcome, part: str, request_id: str | None) -> _Outcome:

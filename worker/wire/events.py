@@ -106,7 +106,9 @@ class LLMUsage(_Published):
 
 
 class Summary(_Published):
-    """The summary that replaces the compacted range (``source``: the LLM or the digest).
+    """The summary that replaces the compacted range (``source``: the LLM or the digest; or
+    ``strategy`` when a reduction strategy cut the range down instead, its text then the
+    omission marker or empty, docs/events.md "Reduction").
 
     ``sections``: each section of ``text`` in order with its sources. A summarizer fills them in
     the ids of the messages it was given (normalized ids, docs/snapshot.md); the pipeline
@@ -114,7 +116,7 @@ class Summary(_Published):
 
     text: str
     tokens: int
-    source: Literal["llm", "digest"]
+    source: Literal["llm", "digest", "strategy"]
     truncated: bool = False
     fallback_reason: str | None = None
     chunks: int = 1
@@ -136,6 +138,8 @@ DroppedKind = Literal[
     "tool_output_stripped",
     "user_message_shortened",
     "attachment_dropped",
+    "message_omitted",
+    "tool_output_omitted",
 ]
 
 
@@ -188,6 +192,8 @@ class Compaction(_Published):
     # What the replacement dropped outright (omitted calls, stripped bodies, ...), in
     # conversation order; [] in events of versions before it existed.
     dropped: list[DroppedItem] = Field(default_factory=list)
+    # How the range was reduced ([compaction] reduction): "summary" in older events.
+    reduction: str = "summary"
 
 
 class ElidedResult(_Published):
