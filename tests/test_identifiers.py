@@ -25,18 +25,18 @@ def test_each_shape_of_code_name_is_found_and_prose_is_not() -> None:
         "settings.configure(INSTALLED_APPS=[]); class Meta: pass; getValue; _cstack; "
         "grep -rn foo astropy/modeling/separable.py:12 and setup.py; models.Model"
     )
-    assert list(names_in(text)) == [
-        "astropy/modeling/separable.py",
-        "setup.py",
+    assert names_in(text) == [
         "django.db.models",
-        "models.Model",
         "QuerySet",
         "construct_instance",
-        "configure",
+        "configure",  # called: a plain name code calls
         "INSTALLED_APPS",
-        "Meta",
         "getValue",
         "_cstack",
+        "astropy/modeling/separable.py",
+        "setup.py",
+        "models.Model",
+        "Meta",  # defined: names a definition gives come last
     ]
 
 
@@ -45,11 +45,11 @@ def test_keywords_builtins_methods_of_builtin_types_and_sed_scripts_are_not_name
         "for item in items: print(len(item)); lines.append(x); s.strip(); __init__; "
         "os.path.join(a, b); self.value.other; sed -i 's/old/new/' it; ab"
     )
-    assert list(names_in(text)) == []
+    assert (names_in(text)) == []
 
 
 def test_a_word_inside_a_path_or_dotted_name_is_not_listed_again() -> None:
-    assert list(names_in("python tests/test_forms.py and forms.models.construct_instance")) == [
+    assert (names_in("python tests/test_forms.py and forms.models.construct_instance")) == [
         "tests/test_forms.py",
         "forms.models.construct_instance",
     ]
@@ -92,8 +92,7 @@ def test_names_rank_by_where_they_were_seen_then_by_how_often() -> None:
     assert tiers["fields_for_model"] == OUTPUT
     assert [n.tier for n in ranked] == sorted(n.tier for n in ranked)
     by_name = {n.text: n for n in ranked}
-    assert by_name["construct_instance"].message_ids == ["a1", "r1", "a2"]
-    assert by_name["construct_instance"].count == 3
+    assert by_name["construct_instance"].count == 2  # the count of its best tier
 
 
 def _request(messages: list[Message], bound: int, previous: str | None = None) -> SummaryRequest:

@@ -18,14 +18,15 @@ names under three characters are never names worth a token.
 
 from __future__ import annotations
 
-import bisect
 import builtins
 import json
 import keyword
 import re
 import sys
+import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from worker.wire.models import Message
@@ -34,18 +35,14 @@ from worker.wire.models import Message
 CALLS, TEXT, USER, OUTPUT = 0, 1, 2, 3
 TIERS = (CALLS, TEXT, USER, OUTPUT)
 
-# Possessive (``*+``): a name is never re-scanned shorter, which keeps every pattern linear.
-_NAME = r"[A-Za-z_][A-Za-z0-9_]*+"
-_PATH = re.compile(
-    # Each alternative starts only where a name starts (the lookbehind), so a long run of name
-    # characters is scanned once, not once per position.
-    r"(?<![\w/.~@+-])(?:(?:\.{0,2}/)?(?:[\w.@+-]++/)+[\w.@+-]*[\w/]"
-    r"|[\w@+-]{2,}+\.[A-Za-z][A-Za-z0-9]{0,5}\b)"
-)
-_DOTTED = re.compile(rf"(?<![\w.]){_NAME}(?:\.{_NAME})+(?![\w(]*/)")
-_WORD = re.compile(_NAME)
-_DEFINED = re.compile(rf"\b(?:def|class|function|fn|func|interface|struct|type)\s+({_NAME})")
-_CALLED = re.compile(rf"(?<![\w])({_NAME})\(")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEFINING = ("def ", "class ", "function ", "func ", "interface ", "struct ")
+_DEFINED_NAME = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)")
+# Every byte that cannot be part of an ASCII name, a path or a call becomes a space, so that
+# ``bytes.translate`` and ``bytes.split`` (both in C, far faster than ``re`` or
+# ``str.translate``) cut a text into tokens; only the distinct tokens are looked at in Python.
+_TOKEN_CHARS = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./~-("
+_SEPARATE = bytes(c if c in _TOKEN_CHARS else 32 for c in range(256))
 _EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,5}$")
 # Extensions that name a file; a dotted name ending in one is a path, not an attribute chain.
 _FILE_EXTENSIONS = frozenset(
@@ -77,70 +74,162 @@ class CodeName:
     text: str
     tier: int
     count: int = 0
-    last: int = 0  # the position of its newest occurrence (a running counter)
-    message_ids: list[str] = field(default_factory=list)  # the messages that held it
+    last: int = 0  # where its tier's texts held it last (comparable within a tier)
 
-    def rank(self) -> tuple[int, int, int]:
-        return (self.tier, -min(self.count, 8), -self.last)
+    def rank(self) -> tuple[int, int, int, str]:
+        return (self.tier, -min(self.count, 8), -self.last, self.text)
 
 
-def code_names(messages: Iterable[Message]) -> list[CodeName]:
-    """Every code name of ``messages``, best ranked first (see the module's docstring)."""
+class _Last(threading.local):
+    messages: tuple[Message, ...] = ()
+    names: list[CodeName] | None = None
+
+
+_LAST = _Last()
+
+
+def code_names(messages: list[Message]) -> list[CodeName]:
+    """Every code name of ``messages``, best ranked first (see the module's docstring).
+
+    One compaction asks twice for the same messages (the LLM's checklist, the digest): the last
+    answer of this thread is reused when the messages are the very same objects. Callers must
+    not modify the result."""
+    last = _LAST.names
+    if (
+        last is not None
+        and len(_LAST.messages) == len(messages)
+        and all(a is b for a, b in zip(_LAST.messages, messages, strict=True))
+    ):
+        return last
+    names = _code_names(messages)
+    _LAST.messages, _LAST.names = tuple(messages), names
+    return names
+
+
+def _code_names(messages: list[Message]) -> list[CodeName]:
     found: dict[str, CodeName] = {}
-    position = 0
-    for message_id, tier, text in _texts(messages):
-        for name in names_in(text):
-            position += 1
-            seen = found.get(name)
-            if seen is None:
-                seen = found[name] = CodeName(name, tier)
-            seen.tier = min(seen.tier, tier)
-            seen.count += 1
-            seen.last = position
-            if not seen.message_ids or seen.message_ids[-1] != message_id:
-                seen.message_ids.append(message_id)
+    nameless: set[bytes] = set()  # the (many) tokens that hold no name
+    # One pass per tier over its texts joined: the C-level tokenizing and counting then carry
+    # the work, and Python only sees each distinct token of a tier once.
+    by_tier: dict[int, list[str]] = {}
+    for tier, text in _texts(messages):
+        by_tier.setdefault(tier, []).append(text)
+    for tier, texts in sorted(by_tier.items()):
+        text = "\n".join(texts)
+        tokens = _tokens(text)
+        counts = Counter(tokens)
+        last = dict(zip(tokens, range(len(tokens)), strict=True))  # where each is seen last
+        for token in counts.keys() - nameless:
+            names = _names_of_token(token)
+            if not names:
+                nameless.add(token)
+            for name in names:
+                _seen(found, name, tier, counts[token], last[token])
+        for name in _defined(text):
+            _seen(found, name, tier, 1, len(tokens))
     return sorted(found.values(), key=CodeName.rank)
 
 
-def names_in(text: str) -> Iterator[str]:
-    """The code names of one text, repeats included: paths and dotted names first, then the
-    words outside them (a longer name already shows the words inside it)."""
-    taken: list[tuple[int, int]] = []
-    for match in _PATH.finditer(text):
-        path = match.group(0).rstrip("./")
+def _seen(found: dict[str, CodeName], name: str, tier: int, count: int, position: int) -> None:
+    seen = found.get(name)
+    if seen is None:
+        found[name] = CodeName(name, tier, count, position)
+    elif tier == seen.tier:
+        seen.count += count
+        seen.last = max(seen.last, position)
+    # A name already seen in a better tier keeps that tier's count and recency (tiers are
+    # visited best first).
+
+
+def names_in(text: str) -> list[str]:
+    """The code names of one text, in order, repeats included (the names a class or function
+    definition gives, last)."""
+    return [n for token in _tokens(text) for n in _names_of_token(token)] + _defined(text)
+
+
+def _tokens(text: str) -> list[bytes]:
+    return text.encode("utf-8", "replace").translate(_SEPARATE).split()
+
+
+def _defined(text: str) -> list[str]:
+    """Plain names that ``def``, ``class`` and the like define (shaped names are found anyway).
+    Found with ``str.find``: the keywords are rare, and a regex over the whole text is not."""
+    names = []
+    for defining in _DEFINING:
+        at = text.find(defining)
+        while at != -1:
+            match = _DEFINED_NAME.match(text, at + len(defining))
+            if match and (at == 0 or not (text[at - 1].isalnum() or text[at - 1] == "_")):
+                name = match.group(1)
+                if _plain(name) and not _is_name(name):
+                    names.append(name)
+            at = text.find(defining, at + len(defining))
+    return names
+
+
+def _names_of_token(token: bytes) -> tuple[str, ...]:
+    """The names one token holds: each piece before a ``(`` is a call."""
+    core = token.lstrip(b"-/(").rstrip(b".")  # a flag, a parenthesis, a sentence's end
+    if core.isdigit() or (
+        core.isalnum() and (core.islower() or core.isupper() or core[1:].islower())
+    ):
+        return ()  # most tokens: a word, a number, a capitalized word, an acronym
+    return _token_names(token.decode("ascii"))
+
+
+def _token_names(token: str) -> tuple[str, ...]:
+    if "(" not in token:
+        return _piece_names(token, called=False)
+    pieces = token.split("(")
+    return tuple(
+        name
+        for k, piece in enumerate(pieces)
+        for name in _piece_names(piece, called=k < len(pieces) - 1)
+    )
+
+
+def _piece_names(piece: str, *, called: bool) -> tuple[str, ...]:
+    """A path, a dotted name, or the shaped names of its parts (and a called plain name)."""
+    piece = piece.lstrip("-").rstrip(".")
+    if len(piece) < MIN_NAME or len(piece) > MAX_NAME_CHARS:
+        return ()
+    if "/" in piece:
+        path = piece.rstrip("/")
         if _is_path(path):
-            taken.append(match.span())
-            yield path
-    for match in _DOTTED.finditer(text):
-        if _is_dotted(match.group(0)) and not _inside(match.start(), taken):
-            taken.append(match.span())
-            yield match.group(0)
-    taken.sort()
-    plain = {
-        m.group(1) for p in (_DEFINED, _CALLED) for m in p.finditer(text) if _plain(m.group(1))
-    }
-    for match in _WORD.finditer(text):
-        word = match.group(0)
-        if (word in plain or _is_name(word)) and not _inside(match.start(), taken):
-            yield word
+            return (path,)
+        return tuple(n for part in piece.split("/") for n in _piece_names(part, called=False))
+    if "." in piece:
+        extension = piece.rpartition(".")[2]
+        if extension.lower() in _FILE_EXTENSIONS and _is_path(piece):
+            return (piece,)
+        parts = piece.strip(".").split(".")
+        if all(_IDENTIFIER.fullmatch(p) for p in parts) and _is_dotted(".".join(parts)):
+            return (".".join(parts),)
+        names = [p for p in parts if _is_name(p)]
+        if called and parts and _plain(parts[-1]) and parts[-1] not in names:
+            names.append(parts[-1])
+        return tuple(names)
+    if "-" in piece or "~" in piece:
+        return tuple(
+            n
+            for part in piece.replace("~", "-").split("-")
+            for n in _piece_names(part, called=False)
+        )
+    if not _IDENTIFIER.fullmatch(piece):
+        return ()
+    return (piece,) if _is_name(piece) or (called and _plain(piece)) else ()
 
 
-def _inside(position: int, spans: list[tuple[int, int]]) -> bool:
-    """Whether ``position`` falls in one of the sorted, disjoint-enough ``spans``."""
-    at = bisect.bisect_right(spans, (position, 1 << 62)) - 1
-    return at >= 0 and spans[at][0] <= position < spans[at][1]
-
-
-def _texts(messages: Iterable[Message]) -> Iterator[tuple[str, int, str]]:
+def _texts(messages: Iterable[Message]) -> Iterator[tuple[int, str]]:
     for m in messages:
         if m.role == "assistant":
-            yield m.id, TEXT, m.content
+            yield TEXT, m.content
             for call in m.tool_calls:
-                yield from ((m.id, CALLS, s) for s in _argument_strings(call.arguments))
+                yield from ((CALLS, s) for s in _argument_strings(call.arguments))
         elif m.role == "tool":
-            yield m.id, OUTPUT, m.content
+            yield OUTPUT, m.content
         elif m.role == "user":
-            yield m.id, USER, m.content
+            yield USER, m.content
 
 
 def _argument_strings(arguments: str) -> list[str]:

@@ -106,33 +106,30 @@ def _names(
 ) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
     """The code names the range held, best ranked first, less what the files list shows: the
     ones the agent used (its calls, its text, a user's message, then those an earlier summary
-    listed), and apart, those only a tool printed (more of them, and each less likely needed)."""
+    listed), and apart, those only a tool printed (more of them, and each less likely needed).
+    Their sources are the messages of the roles they are drawn from."""
     shown = {path for path, _ in files} | {n for path, _ in files for n in shown_by(path)}
     used: list[tuple[str, str]] = []
     printed: list[tuple[str, str]] = []
-    used_ids: list[str] = []
-    printed_ids: list[str] = []
     for name in code_names(request.messages):
         if name.text in shown:
             continue
         shown.add(name.text)
-        shown.update(shown_by(name.text))
+        if "." in name.text or "/" in name.text:  # a plain identifier shows nothing shorter
+            shown.update(shown_by(name.text))
         if name.tier == OUTPUT:
             printed.append((_PRINTED_LABEL, name.text))
-            printed_ids.extend(name.message_ids)
         else:
             used.append((_TIER_LABELS[name.tier], name.text))
-            used_ids.extend(name.message_ids)
     for earlier in _earlier_names(request.previous_summary or ""):
         if earlier not in shown:
             shown.add(earlier)
             used.append((_EARLIER_LABEL, earlier))
+    said = [m.id for m in request.messages if m.role in ("assistant", "user")] if used else []
     if any(label == _EARLIER_LABEL for label, _ in used):
-        used_ids.extend(request.previous_summary_ids)
-    return (
-        (render_names(used), list(dict.fromkeys(used_ids))),
-        (render_names(printed), list(dict.fromkeys(printed_ids))),
-    )
+        said.extend(request.previous_summary_ids)
+    outputs = [m.id for m in request.messages if m.role == "tool"] if printed else []
+    return (render_names(used), said), (render_names(printed), outputs)
 
 
 def render_names(items: list[tuple[str, str]]) -> str:
