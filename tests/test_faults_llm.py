@@ -377,7 +377,17 @@ def test_a_fallback_model_answers_when_the_first_fails(make_cluster) -> None:  #
         cluster = make_cluster(
             {
                 "compaction": {"mode": "prefer_remote"},
-                "llm": llm_section(llm.openai_base_url, fallback_models=["small-b"]),
+                # Deadlines far beyond any load and no retry: a first call slow enough to
+                # time out would be retried on the same model after consuming the 404, which
+                # is a test of speed, not of the fallback.
+                "llm": llm_section(
+                    llm.openai_base_url,
+                    fallback_models=["small-b"],
+                    timeout_s=60.0,
+                    connect_timeout_s=10.0,
+                    deadline_s=120.0,
+                    max_retries=0,
+                ),
             }
         )
         cluster.workers.start("eval", queues=EVALUATE_QUEUES, concurrency=1)
