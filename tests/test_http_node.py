@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 from http_support import KEY_A, Stack, proxy_config, running_stack
-from test_http_proxy import openai_pairs_intact, tokens
+from pairs_support import openai_pairs_intact
+from test_http_proxy import tokens
 
 from worker.testing.standin_llm import StandinLLM
 

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 from http_support import KEY_A, KEY_B, Stack, proxy_config, running_stack, wait_events
+from pairs_support import anthropic_pairs_intact, openai_pairs_intact
 from service_support import conversation
 
 from worker.testing.standin_llm import Fault, StandinLLM
@@ -106,28 +107,6 @@ def anthropic_history(turns: int) -> list[dict[str, Any]]:
 
 def tokens(messages: list[dict[str, Any]]) -> int:
     return count_tokens(json.dumps(messages), "gpt-4.1")
-
-
-def openai_pairs_intact(messages: list[dict[str, Any]]) -> None:
-    waiting: set[str] = set()
-    for m in messages:
-        if m["role"] == "tool":
-            assert m["tool_call_id"] in waiting, m
-            waiting.remove(m["tool_call_id"])
-        else:
-            assert not waiting, f"calls without results before {m}"
-        waiting |= {c["id"] for c in m.get("tool_calls") or []}
-    assert not waiting
-
-
-def anthropic_pairs_intact(messages: list[dict[str, Any]]) -> None:
-    waiting: set[str] = set()
-    for m in messages:
-        blocks = m["content"] if isinstance(m["content"], list) else []
-        results = {b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"}
-        assert results == waiting, (results, waiting)
-        waiting = {b["id"] for b in blocks if b.get("type") == "tool_use"}
-    assert not waiting
 
 
 def last_body(llm: StandinLLM) -> dict[str, Any]:

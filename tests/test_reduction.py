@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import CliRunner
+from pairs_support import anthropic_pairs_intact, openai_pairs_intact
 from service_support import conversation
 
 from worker.config import Settings, settings_from_mapping
@@ -121,19 +122,6 @@ def coding_session(conversation_id: str, turns: int = 24) -> dict[str, Any]:
     return snap
 
 
-def assert_pairs_intact(messages: list[dict[str, Any]]) -> None:
-    """Every tool call answered right after it, every result answering a call before it."""
-    waiting: set[str] = set()
-    for m in messages:
-        if m["role"] == "tool":
-            assert m["tool_call_id"] in waiting, m
-            waiting.remove(m["tool_call_id"])
-        else:
-            assert not waiting, f"calls without results before {m}"
-        waiting |= {c["id"] for c in m.get("tool_calls") or []}
-    assert not waiting
-
-
 def unanswered(messages: list[dict[str, Any]]) -> set[str]:
     calls = {c["id"] for m in messages for c in m.get("tool_calls") or []}
     return calls - {m["tool_call_id"] for m in messages if m["role"] == "tool"}
@@ -175,7 +163,7 @@ def test_each_strategy_through_the_pipeline_replaces_the_range_by_its_own_output
     assert c.summary.sections[0].source_ids  # the marker's sources: what it stands for
 
     applied = apply_compaction(snap["messages"], event)
-    assert_pairs_intact(applied)
+    openai_pairs_intact(applied)
     parsed = run.pipeline.parse(json.dumps(snap).encode())
     assert tokens_of(applied, parsed, run.pipeline.reuse.tokenizer("gpt-4.1")) == c.tokens_after
     assert c.tokens_after < c.tokens_before
@@ -246,7 +234,7 @@ def test_a_later_reduction_takes_the_earlier_marker_over_and_adds_its_count(
         sum(1 for d in again.compaction.dropped if d.kind == "message_omitted") - 1
     )  # the earlier marker is listed as omitted, but counted by what it said
     assert twice[0] == once[0] + omitted_now
-    assert_pairs_intact(applied)
+    openai_pairs_intact(applied)
 
 
 def message_of(text: str) -> Message:
@@ -398,16 +386,6 @@ def anthropic_session(turns: int) -> dict[str, Any]:
         "system": "You are a coding agent.",
         "messages": messages,
     }
-
-
-def anthropic_pairs_intact(messages: list[dict[str, Any]]) -> None:
-    waiting: set[str] = set()
-    for m in messages:
-        blocks = m["content"] if isinstance(m["content"], list) else []
-        results = {b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"}
-        assert results == waiting, (results, waiting)
-        waiting = {b["id"] for b in blocks if b.get("type") == "tool_use"}
-    assert not waiting
 
 
 @pytest.mark.parametrize("reduction", STRATEGIES)

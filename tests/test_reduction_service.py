@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pairs_support import openai_pairs_intact
 from service_support import StartedWorkers, conversation, started_workers, wait_for_outcome
 
 from worker.config import Settings
@@ -75,18 +76,6 @@ def expected_ids(
     return [m.id for m in seed(reduction).compact(messages) if start <= m.source_index < end]
 
 
-def assert_pairs_intact(messages: list[dict[str, Any]]) -> None:
-    waiting: set[str] = set()
-    for m in messages:
-        if m["role"] == "tool":
-            assert m["tool_call_id"] in waiting, m
-            waiting.remove(m["tool_call_id"])
-        else:
-            assert not waiting, f"calls without results before {m}"
-        waiting |= {c["id"] for c in m.get("tool_calls") or []}
-    assert not waiting
-
-
 def completed(cluster: StartedWorkers, snap: dict[str, Any]) -> CompletedEvent:
     cluster.client.submit(snap)
     outcome = wait_for_outcome(cluster.client, snap["conversation_id"], timeout_s=SETTLE_S)[-1]
@@ -126,7 +115,7 @@ def test_a_worker_publishes_the_strategys_replacement(
     assert [m["id"] for m in kept] == expected_ids(snap, settings, reduction, c.start, c.end)
     assert is_marker(marker) and marker["content"] == c.summary.text
     applied = apply_compaction(snap["messages"], event)
-    assert_pairs_intact(applied)
+    openai_pairs_intact(applied)
     assert c.tokens_after < c.tokens_before
     assert c.transcript is not None  # stored as any compaction is
     assert cluster.client.restore(event) == snap["messages"]
@@ -157,7 +146,7 @@ def test_a_session_ends_up_with_the_strategys_history(cluster: StartedWorkers) -
         by_id = {m["id"]: m for m in turns}
         assert all(m["content"] == masked_output(by_id[m["id"]]["content"]) for m in masked)
         assert sum(is_marker(m) for m in session.messages) == 1
-        assert_pairs_intact(session.messages)
+        openai_pairs_intact(session.messages)
     finally:
         session.close()
 
@@ -182,7 +171,7 @@ def test_200_turns_with_a_strategy_stay_bounded_with_every_call_answered(
             session.extend(turns[k : k + 2])
             assert session.wait_settled(SETTLE_S), session.status
             request = session.request_messages()
-            assert_pairs_intact(request)
+            openai_pairs_intact(request)
             if session.compactions:
                 sizes.append(
                     count_request_tokens(formats.to_messages("openai", request), tokenizer)
