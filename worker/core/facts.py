@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker.core.files import FileKind, FileRecord, call_file_uses
+from worker.core.last_answer import LastAnswer
 from worker.wire.models import Message
 
 _PATH = re.compile(
@@ -216,30 +216,13 @@ def _failed(output: str, errors: list[str]) -> bool:
     return bool(errors)
 
 
-class _Last(threading.local):
-    messages: tuple[Message, ...] = ()
-    facts: Facts | None = None
-
-
-_LAST = _Last()
-
-
 def extract_facts(messages: list[Message]) -> Facts:
     """The files the tool calls used (see :mod:`worker.core.files`), and each call with its outcome.
 
     One compaction asks for the facts of the same messages several times (the must-keep items,
     the digest, the fidelity check): the last answer of this thread is reused when the messages
     are the very same objects. Callers must not modify the result."""
-    last = _LAST.facts
-    if (
-        last is not None
-        and len(_LAST.messages) == len(messages)
-        and all(a is b for a, b in zip(_LAST.messages, messages, strict=True))
-    ):
-        return last
-    facts = _extract_facts(messages)
-    _LAST.messages, _LAST.facts = tuple(messages), facts
-    return facts
+    return _LAST_FACTS(messages)
 
 
 def _extract_facts(messages: list[Message]) -> Facts:
@@ -275,3 +258,7 @@ def _extract_facts(messages: list[Message]) -> Facts:
             )
     facts.files = list(records.values())
     return facts
+
+
+# After the function it reuses the answers of.
+_LAST_FACTS = LastAnswer(_extract_facts)

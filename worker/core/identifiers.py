@@ -23,17 +23,16 @@ import json
 import keyword
 import re
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from worker.core.last_answer import LastAnswer
 from worker.wire.models import Message
 
 # Where a name was seen, best first: the agent's own calls, its text, a user, a tool's output.
 CALLS, TEXT, USER, OUTPUT = 0, 1, 2, 3
-TIERS = (CALLS, TEXT, USER, OUTPUT)
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DEFINING = ("def ", "class ", "function ", "func ", "interface ", "struct ")
@@ -80,30 +79,13 @@ class CodeName:
         return (self.tier, -min(self.count, 8), -self.last, self.text)
 
 
-class _Last(threading.local):
-    messages: tuple[Message, ...] = ()
-    names: list[CodeName] | None = None
-
-
-_LAST = _Last()
-
-
 def code_names(messages: list[Message]) -> list[CodeName]:
     """Every code name of ``messages``, best ranked first (see the module's docstring).
 
     One compaction asks twice for the same messages (the LLM's checklist, the digest): the last
     answer of this thread is reused when the messages are the very same objects. Callers must
     not modify the result."""
-    last = _LAST.names
-    if (
-        last is not None
-        and len(_LAST.messages) == len(messages)
-        and all(a is b for a, b in zip(_LAST.messages, messages, strict=True))
-    ):
-        return last
-    names = _code_names(messages)
-    _LAST.messages, _LAST.names = tuple(messages), names
-    return names
+    return _LAST_NAMES(messages)
 
 
 def _code_names(messages: list[Message]) -> list[CodeName]:
@@ -311,3 +293,7 @@ def shown_by(name: str) -> set[str]:
     shown.discard(name)
     shown.discard("")
     return shown
+
+
+# After the function it reuses the answers of.
+_LAST_NAMES = LastAnswer(_code_names)
