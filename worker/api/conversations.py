@@ -412,31 +412,40 @@ async def list_conversations(request: Request) -> Response:
     return JSONResponse(page.document())
 
 
-async def restore_compaction(request: Request) -> Response:
+@dataclass(frozen=True)
+class _OnCompaction:
+    """What a decision on one compaction reads: who asks, about which conversation and event,
+    and the optional JSON body (None when empty)."""
+
+    api: Api
+    tenant: Tenant
+    internal: str
+    event_id: str
+    body: Any
+
+
+async def _on_compaction(request: Request) -> _OnCompaction:
     api = api_of(request)
     tenant = api.tenant(request)
     internal = known_id(tenant, request)
     body = await api.body(request)
-    reason = reason_of(json_body(body, api.body_limit) if body.strip() else None)
-    event = await restore(api, tenant, internal, request.path_params["event_id"], reason)
-    return JSONResponse(event)
+    document = json_body(body, api.body_limit) if body.strip() else None
+    return _OnCompaction(api, tenant, internal, request.path_params["event_id"], document)
+
+
+async def restore_compaction(request: Request) -> Response:
+    on = await _on_compaction(request)
+    reason = reason_of(on.body)
+    return JSONResponse(await restore(on.api, on.tenant, on.internal, on.event_id, reason))
 
 
 async def approve_compaction(request: Request) -> Response:
-    api = api_of(request)
-    tenant = api.tenant(request)
-    internal = known_id(tenant, request)
-    body = await api.body(request)
-    summary = summary_of(json_body(body, api.body_limit) if body.strip() else None)
-    event = await approve(api, tenant, internal, request.path_params["event_id"], summary)
-    return JSONResponse(event)
+    on = await _on_compaction(request)
+    summary = summary_of(on.body)
+    return JSONResponse(await approve(on.api, on.tenant, on.internal, on.event_id, summary))
 
 
 async def decline_compaction(request: Request) -> Response:
-    api = api_of(request)
-    tenant = api.tenant(request)
-    internal = known_id(tenant, request)
-    body = await api.body(request)
-    reason = reason_of(json_body(body, api.body_limit) if body.strip() else None)
-    event = await decline(api, tenant, internal, request.path_params["event_id"], reason)
-    return JSONResponse(event)
+    on = await _on_compaction(request)
+    reason = reason_of(on.body)
+    return JSONResponse(await decline(on.api, on.tenant, on.internal, on.event_id, reason))
