@@ -63,6 +63,7 @@ class Pattern:
     accept: Callable[[re.Match[str]], bool] | None = None
     needles: tuple[str, ...] = ()
     folded: bool = False  # the needles are lower case, looked for in the lower-cased text
+    gate: re.Pattern[str] | None = None  # then searched for where the needles were
 
 
 @dataclass(frozen=True)
@@ -163,8 +164,10 @@ def _p(
     accept: Callable[[re.Match[str]], bool] | None = None,
     needles: tuple[str, ...] = (),
     folded: bool = False,
+    gate: str | None = None,
 ) -> Pattern:
-    return Pattern(kind, re.compile(pattern), description, accept, needles, folded)
+    compiled_gate = re.compile(gate) if gate is not None else None
+    return Pattern(kind, re.compile(pattern), description, accept, needles, folded, compiled_gate)
 
 
 PATTERNS: tuple[Pattern, ...] = (
@@ -278,16 +281,23 @@ PATTERNS: tuple[Pattern, ...] = (
         accept=_assignment,
         needles=("key", "secret", "token", "pass", "pwd", "credential"),
         folded=True,
+        # A secret name's last word right before the `=` or `:` (the full pattern tries every
+        # run of name characters: three times slower over ordinary code).
+        gate=r"(?:key|secret|token|passw(?:or)?d|pwd|credentials?)" + _QUOTE + r"\s{0,8}+[:=]",
     ),
 )
 
 
-def _run(pattern: Pattern, text: str, counts: Counter[str]) -> str:
-    if pattern.needles:
-        haystack = text.lower() if pattern.folded else text
-        if not any(n in haystack for n in pattern.needles):
-            return text
+def _present(pattern: Pattern, text: str, lowered: str) -> bool:
+    """The text may hold a match: one of the pattern's needles is in it (when it has any), and
+    then its gate (when it has one)."""
+    haystack = lowered if pattern.folded else text
+    if pattern.needles and not any(n in haystack for n in pattern.needles):
+        return False
+    return pattern.gate is None or pattern.gate.search(haystack) is not None
 
+
+def _substitute(pattern: Pattern, text: str, counts: Counter[str]) -> str:
     def replace(match: re.Match[str]) -> str:
         if pattern.accept is not None and not pattern.accept(match):
             return match.group(0)
@@ -302,12 +312,25 @@ def _run(pattern: Pattern, text: str, counts: Counter[str]) -> str:
     return pattern.regex.sub(replace, text)
 
 
+def _redacted(text: str, counts: Counter[str], patterns: tuple[Pattern, ...] = PATTERNS) -> str:
+    """``text`` through each of ``patterns`` whose needles it holds (lower-cased once, again
+    only after a pattern changed it)."""
+    if not text:
+        return text
+    lowered = text.lower()
+    for pattern in patterns:
+        if _present(pattern, text, lowered):
+            replaced = _substitute(pattern, text, counts)
+            if replaced != text:
+                text, lowered = replaced, replaced.lower()
+    return text
+
+
 def redact(text: str, counts: Counter[str] | None = None) -> Redaction:
     """``text`` with every secret :data:`PATTERNS` finds replaced by its kind's placeholder;
     ``counts``, when given, is added to as well."""
     found: Counter[str] = Counter()
-    for pattern in PATTERNS:
-        text = _run(pattern, text, found)
+    text = _redacted(text, found)
     if counts is not None:
         counts.update(found)
     return Redaction(text=text, counts=dict(found))
@@ -316,15 +339,28 @@ def redact(text: str, counts: Counter[str] | None = None) -> Redaction:
 def redact_messages(messages: list[Message]) -> tuple[list[Message], dict[str, int]]:
     """Each message's text, reasoning and tool-call arguments redacted (the same object when
     nothing was), and the counts by kind over all of them."""
+    # Most ranges hold the needles of few patterns: looked for once in all of their text (no
+    # needle spans the newline joining them), only those patterns are tried text by text. (A
+    # placeholder written by one pattern may hold another's needle, but it ends in "]" and so
+    # never completes that pattern's match.)
+    whole = "\n".join(
+        text
+        for m in messages
+        for text in (m.content, m.reasoning, *(c.arguments for c in m.tool_calls))
+    )
+    lowered = whole.lower()
+    patterns = tuple(p for p in PATTERNS if _present(p, whole, lowered))
     counts: Counter[str] = Counter()
+    if not patterns:
+        return list(messages), {}
     out = []
     for m in messages:
-        content = redact(m.content, counts).text
-        reasoning = redact(m.reasoning, counts).text
+        content = _redacted(m.content, counts, patterns)
+        reasoning = _redacted(m.reasoning, counts, patterns)
         calls = tuple(
             c.model_copy(update={"arguments": a}) if a != c.arguments else c
             for c in m.tool_calls
-            for a in [redact(c.arguments, counts).text]
+            for a in [_redacted(c.arguments, counts, patterns)]
         )
         if content != m.content or reasoning != m.reasoning or calls != m.tool_calls:
             m = m.model_copy(

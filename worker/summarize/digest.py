@@ -76,10 +76,10 @@ class DigestSummarizer:
             _Section("Earlier summary", earlier, previous, priority=1),
         ]
         present = [s for s in sections if s.body]
-        text, truncated = _fit(header, present, request)
+        text, tokens, truncated = _fit(header, present, request)
         return Summary(
             text=text,
-            tokens=count_tokens(text, request.model),
+            tokens=tokens,
             source="digest",
             truncated=truncated,
             # In the request's ids; the sections a cut removed are left out when published.
@@ -434,28 +434,38 @@ def _render(header: str, sections: list[_Section]) -> str:
     return "\n\n".join(parts)
 
 
-def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tuple[str, bool]:
-    """Shrink the least important sections until the digest fits the output bound."""
-    limit = request.max_output_tokens
+def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tuple[str, int, bool]:
+    """Shrink the least important sections until the digest fits the output bound: the text,
+    its token count and whether anything was cut."""
+    limit, model = request.max_output_tokens, request.model
     text = _render(header, sections)
-    total = count_tokens(text, request.model)
-    truncated = False
+    total = count_tokens(text, model)
+    exact, truncated = True, False
     for section in sorted(sections, key=lambda s: s.priority):
         if total <= limit:
             break
-        own = count_tokens(section.body, request.model)
+        own = count_tokens(section.body, model)
         keep = max(own - (total - limit) - 8, 0)
         if section.ranked:
-            section.body = _best_names(section.body, keep, request.model)
+            section.body = _best_names(section.body, keep, model)
         else:
-            section.body = _head_tail(section.body, keep, request.model) if keep >= 24 else ""
+            section.body = _head_tail(section.body, keep, model) if keep >= 24 else ""
         truncated = True
+        # The whole is counted again only once the sections' own counts say it may fit (they
+        # add up to the whole's within a few tokens at the joins).
+        total += count_tokens(section.body, model) - own
+        exact = total <= limit
+        if exact:
+            text = _render(header, sections)
+            total = count_tokens(text, model)
+    if not exact:
         text = _render(header, sections)
-        total = count_tokens(text, request.model)
+        total = count_tokens(text, model)
     if total > limit:
-        text, _ = cut_to_tokens(text, limit, request.model)
+        text, _ = cut_to_tokens(text, limit, model)
+        total = count_tokens(text, model)
         truncated = True
-    return text, truncated
+    return text, total, truncated
 
 
 def _best_names(body: str, max_tokens: int, model: str | None) -> str:
