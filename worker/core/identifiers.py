@@ -35,6 +35,8 @@ from worker.wire.models import Message
 CALLS, TEXT, USER, OUTPUT = 0, 1, 2, 3
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DOTTED_IDENTIFIERS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+_LETTER = re.compile(r"[A-Za-z]")
 _DEFINING = ("def ", "class ", "function ", "func ", "interface ", "struct ")
 _DEFINED_NAME = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)")
 # Every byte that cannot be part of an ASCII name, a path or a call becomes a space, so that
@@ -110,7 +112,7 @@ def _code_names(messages: list[Message]) -> list[CodeName]:
         counts = Counter(tokens)
         new = counts.keys() - known.keys()
         known.update(dict.fromkeys(new, ()))
-        known.update((token, _names_of_token(token)) for token in _shaped(new))
+        known.update((token, _token_names(token.decode("ascii"))) for token in _shaped(new))
         named = [token for token in counts if known[token]]
         last = _last_positions(tokens, named)
         for token in named:
@@ -205,8 +207,9 @@ def _piece_names(piece: str, *, called: bool) -> tuple[str, ...]:
         if extension.lower() in _FILE_EXTENSIONS and _is_path(piece):
             return (piece,)
         parts = piece.strip(".").split(".")
-        if all(_IDENTIFIER.fullmatch(p) for p in parts) and _is_dotted(".".join(parts)):
-            return (".".join(parts),)
+        dotted = ".".join(parts)
+        if _DOTTED_IDENTIFIERS.fullmatch(dotted) and _is_dotted(dotted):
+            return (dotted,)
         names = [p for p in parts if _is_name(p)]
         if called and parts and _plain(parts[-1]) and parts[-1] not in names:
             names.append(parts[-1])
@@ -259,7 +262,7 @@ def _is_path(text: str) -> bool:
     if "/" in text.strip("/"):
         # A one-letter segment is a sed script or prose (``s/old/new``, ``and/or``).
         segments = [s for s in text.split("/") if s not in ("", ".", "..", "~")]
-        return all(len(s) >= 2 for s in segments) and any(c.isalpha() for c in text)
+        return all(len(s) >= 2 for s in segments) and _LETTER.search(text) is not None
     extension = _EXTENSION.search(text)
     return extension is not None and extension.group(0)[1:].lower() in _FILE_EXTENSIONS
 
@@ -275,19 +278,20 @@ def _is_dotted(text: str) -> bool:
 
 
 def _is_name(word: str) -> bool:
-    """An identifier whose shape says it is code, not prose."""
+    """An identifier whose shape says it is code, not prose. (Every text here is ASCII: a text
+    differs from its lower-cased self where it has a capital.)"""
     if len(word) < MIN_NAME or len(word) > MAX_NAME_CHARS or word in _NEVER:
         return False
     if word.startswith("__") and word.endswith("__"):
         return False
-    if not any(c.isalpha() for c in word):
+    if _LETTER.search(word) is None:
         return False
     if "_" in word.strip("_") or word.startswith("_"):
         return True
     body = word[1:]
-    if word[0].islower() and any(c.isupper() for c in body):  # mixedCase
-        return True
-    return word[0].isupper() and any(c.isupper() for c in body) and not word.isupper()
+    if word[0].islower():
+        return body != body.lower()  # mixedCase
+    return word[0].isupper() and body != body.lower() and not word.isupper()
 
 
 def _plain(word: str) -> bool:
