@@ -37,6 +37,7 @@ from worker.reuse import Reuse
 from worker.summarize import SummaryRequest
 from worker.summarize.digest import DigestSummarizer
 from worker.transcripts.filesystem import FileStore
+from worker.wire import formats
 from worker.wire.events import SUMMARY_MARKER, CompletedEvent, Summary, event_id_for
 from worker.wire.history import apply_compaction
 from worker.wire.models import Message, ToolCall
@@ -388,6 +389,35 @@ def anthropic_session(turns: int) -> dict[str, Any]:
     }
 
 
+def test_a_summary_carrying_a_kept_call_still_opens_an_anthropic_history_with_the_task(
+    tmp_path: Path,
+) -> None:
+    """A kept tool's call is carried; on Anthropic's wire it would open the compacted history
+    (refused by the Messages API): the task is carried before it."""
+    snap = anthropic_session(20)
+    snap["messages"][1]["content"][1]["name"] = "plan"  # the first call: a tool to keep
+    # A newer user turn in the range (carried as the newest), after that call's result.
+    snap["messages"].insert(11, {"role": "user", "content": "Also check the docs."})
+    adapters = Adapters(store=FileStore(tmp_path), digest=DigestSummarizer())
+    settings = Settings(
+        compaction={"mode": "local_only", "preserve_recent_user_tokens": 0},
+        tools={"plan": {"compaction": "keep"}},
+    )
+    pipeline = Pipeline(settings, adapters, Reuse())
+    event = pipeline.run(pipeline.parse(json.dumps(snap).encode()))[-1]
+    assert isinstance(event, CompletedEvent), event
+    applied = apply_compaction(snap["messages"], event)
+    anthropic_pairs_intact(applied)
+    assert applied[0] == snap["messages"][0]  # the task, as it was
+    assert [b["type"] for b in applied[1]["content"]] == ["tool_use"]  # the kept call
+    assert applied[1]["content"][0]["name"] == "plan"
+    assert {"role": "user", "content": "Also check the docs."} in applied
+    assert event.compaction.replacement[-1]["content"][0]["text"] == event.compaction.summary.text
+
+    # Chat Completions takes a history opening with the call: nothing is added there.
+    assert not formats.opens_with_user("openai")
+
+
 @pytest.mark.parametrize("reduction", STRATEGIES)
 def test_each_strategy_on_an_anthropic_history(tmp_path: Path, reduction: str) -> None:
     snap = anthropic_session(20)
@@ -396,6 +426,8 @@ def test_each_strategy_on_an_anthropic_history(tmp_path: Path, reduction: str) -
     assert c.format == "anthropic" and c.reduction == reduction
     applied = apply_compaction(snap["messages"], event)
     anthropic_pairs_intact(applied)
+    # Anthropic refuses a history that does not open with a user turn: the task leads it.
+    assert applied[0] == snap["messages"][0]
     assert applied[-1] == snap["messages"][-1]
     assert c.replacement[-1]["content"][0]["text"] == c.summary.text
     assert c.tokens_after < c.tokens_before

@@ -268,6 +268,51 @@ def fit_carried(
     plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
 
 
+def lead_with_user(
+    plan: RangePlan,
+    messages: list[Message],
+    budget_tokens: int,
+    count: TokenCount,
+    order: dict[str, int],
+) -> None:
+    """For a wire format whose history must open with a user turn (Anthropic's Messages API
+    refuses any other): when the carried messages would open it with another role (a carried
+    call), the newest user turn of the range before them is carried first, cut to what is left
+    of ``budget_tokens`` as the newest user turn would be. Nothing changes when the range has
+    no such turn before them (only earlier summaries)."""
+    if not plan.carried or plan.carried[0].role == "user":
+        return
+    if not opens_history(messages, plan.start):
+        return
+    lead = user_before(messages, plan.start, plan.end, plan.carried[0].id)
+    if lead is None:
+        return
+    plan.carried.insert(0, lead)
+    plan.user_ids.insert(0, lead.id)
+    plan.to_summarize = [m for m in plan.to_summarize if m.id != lead.id]
+    over = carried_tokens(plan, count) - budget_tokens
+    if over > 0:
+        _cut_user_turn(plan, lead.id, over, count)
+    plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
+
+
+def opens_history(messages: list[Message], start: int) -> bool:
+    """Whether the wire range starting at ``start`` opens the history (after its system
+    messages)."""
+    return start == next((m.source_index for m in messages if m.role != "system"), start)
+
+
+def user_before(messages: list[Message], start: int, end: int, message_id: str) -> Message | None:
+    """The newest user turn of the wire range ``start..end`` before the message ``message_id``
+    (not an earlier summary or a reduction's marker)."""
+    ranged = [m for m in messages if start <= m.source_index < end]
+    position = next((k for k, m in enumerate(ranged) if m.id == message_id), 0)
+    return next(
+        (m for m in reversed(ranged[:position]) if m.role == "user" and not is_summary_message(m)),
+        None,
+    )
+
+
 class _Carried:
     """The carried messages while items are given up one at a time: each message counted once
     and the total kept current, each message and call found by id, so that giving up every

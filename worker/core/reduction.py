@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from worker.config import CompactionConfig, Reduction
 from worker.core.groups import group_messages, protected_tail_start
+from worker.core.planning import opens_history, user_before
 from worker.core.strategies import (
     CompactionStrategy,
     SelectiveToolResult,
@@ -123,14 +124,25 @@ def token_budget(config: CompactionConfig, threshold: int | None) -> int:
 
 
 def reduce_range(
-    messages: list[Message], start: int, end: int, strategy: CompactionStrategy
+    messages: list[Message],
+    start: int,
+    end: int,
+    strategy: CompactionStrategy,
+    *,
+    opens_with_user: bool = False,
 ) -> ReducedRange:
-    """``strategy`` run over ``messages``; its part standing for wire messages ``start..end``."""
+    """``strategy`` run over ``messages``; its part standing for wire messages ``start..end``.
+    ``opens_with_user``: the wire format refuses a history that does not open with a user turn
+    (Anthropic's), so when the kept part would open it with another role, the newest user turn
+    before it is kept too."""
     result = strategy.compact(messages)
     given = {m.id: m for m in messages}
     ranged = [m for m in messages if start <= m.source_index < end]
     survived = [m for m in result if start <= m.source_index < end]
     kept = [m for m in survived if marker_counts(m) is None]
+    if opens_with_user and kept and kept[0].role != "user" and opens_history(messages, start):
+        lead = user_before(messages, start, end, kept[0].id)
+        kept = [lead, *kept] if lead is not None else kept
     rewritten = frozenset(m.id for m in kept if given.get(m.id) is not m)
     left = {m.id for m in kept}
     omitted = [m for m in ranged if m.id not in left]

@@ -12,6 +12,7 @@ from worker.core.planning import (
     RangePlan,
     ToolPolicies,
     fit_carried,
+    lead_with_user,
     plan_range,
     resolve_tool_policies,
 )
@@ -20,6 +21,7 @@ from worker.core.redaction import redact, redact_messages
 from worker.pipeline.context import SnapshotContext
 from worker.pipeline.evaluation import Evaluation
 from worker.summarize import SummaryRequest
+from worker.wire import formats
 from worker.wire.events import event_id_for
 from worker.wire.media import placeholders
 from worker.wire.models import Message
@@ -54,12 +56,11 @@ def prepare(
     plan = plan_range(context.messages, config, policies, count=count)
     if plan is None or not (plan.to_summarize or plan.previous_summary):
         return None
-    fit_carried(
-        plan,
-        _carry_budget(context, evaluation, plan),
-        count,
-        {m.id: i for i, m in enumerate(context.messages)},
-    )
+    budget = _carry_budget(context, evaluation, plan)
+    order = {m.id: i for i, m in enumerate(context.messages)}
+    fit_carried(plan, budget, count, order)
+    if formats.opens_with_user(context.parsed.snapshot.format):
+        lead_with_user(plan, context.messages, budget, count, order)
     # A requested compaction is its own event (by its request), beside any other of the range.
     requested = [evaluation.request_id] if evaluation.request_id else []
     event_id = event_id_for(

@@ -39,7 +39,8 @@ def prepare_reduction(context: SnapshotContext, evaluation: Evaluation) -> Prepa
         return None
     start, end = bounds
     strategy = strategy_for(context.config, context.tokenizer, evaluation.threshold)
-    reduced = reduce_range(messages, start, end, strategy)
+    opens_with_user = formats.opens_with_user(context.parsed.snapshot.format)
+    reduced = reduce_range(messages, start, end, strategy, opens_with_user=opens_with_user)
     if not reduced.changed:
         return None
     requested = [evaluation.request_id] if evaluation.request_id else []

@@ -272,6 +272,11 @@ def render(
     return rendered
 
 
+def opens_with_user(fmt: WireFormat) -> bool:
+    """Whether the format's API refuses a history that does not open with a user turn."""
+    return bool(_MODULES[fmt].OPENS_WITH_USER)
+
+
 def text_message(fmt: WireFormat, role: str, text: str, *, msg_id: str | None) -> dict[str, Any]:
     out: dict[str, Any] = _MODULES[fmt].text_message(role, text, msg_id=msg_id)
     return out

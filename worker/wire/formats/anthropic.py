@@ -16,6 +16,9 @@ from worker.wire.formats.common import source_of, string_field
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, ToolCall
 
+# The Messages API refuses a history whose first message is not a user turn.
+OPENS_WITH_USER = True
+
 _PLACEHOLDER_BLOCKS = {"image", "document", "redacted_thinking", "search_result"}
 
 
@@ -190,6 +193,10 @@ def render(
     the source's image and document blocks after its new text."""
     out: list[dict[str, Any]] = []
     for m in messages:
+        whole = source_of(m, source)
+        if m.role != "tool" and whole is not None and _normalizes_to_only(m, whole):
+            out.append({"id": m.id, **whole} if with_ids and "id" not in whole else dict(whole))
+            continue
         src = _source_blocks(m, source)
         if m.role == "tool":
             block = _result_block(m, src)
@@ -218,6 +225,16 @@ def render(
 
 
 _MEDIA_BLOCKS = {"image", "document"}
+
+
+def _normalizes_to_only(m: Message, src: dict[str, Any]) -> bool:
+    """Whether the wire message ``src`` is ``m`` and nothing else (no tool results beside
+    it), attachments aside: then it is carried as it was, string content and all."""
+    try:
+        fresh = wire_message(m.source_index, src, m.id, {}, MediaRules(provider="anthropic"))
+    except InvalidSnapshot:
+        return False
+    return len(fresh) == 1 and fresh[0].model_copy(update={"attachments": m.attachments}) == m
 
 
 def _source_blocks(m: Message, source: list[dict[str, Any]] | None) -> list[dict[str, Any]]:

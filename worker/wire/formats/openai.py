@@ -10,6 +10,9 @@ from worker.wire.formats.common import normalizes_to, source_of, string_field
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, ToolCall
 
+# Chat Completions takes a history opening with any role after the system messages.
+OPENS_WITH_USER = False
+
 _ROLES = {
     "system": "system",
     "developer": "system",

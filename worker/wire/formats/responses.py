@@ -36,6 +36,9 @@ from worker.wire.formats.common import normalizes_to, source_of, string_field
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, ToolCall, canonical_json, is_plain_json
 
+# The Responses API takes input items opening with any role.
+OPENS_WITH_USER = False
+
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Content parts: the ones whose text is read and counted, and the ones passed through unread.
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
