@@ -65,6 +65,7 @@ FACES: dict[str, list[str]] = {
         "restore_conversation",
     ],
     "worker.session": [
+        "COMPACT_DESCRIPTION",
         "COMPACT_TOOL_NAME",
         "RECALL_TOOL_NAME",
         "AsyncCompactingSession",

@@ -49,8 +49,12 @@ from langchain_core.messages import (
 )
 from langchain_core.tools import BaseTool, StructuredTool
 
-from worker.session import COMPACT_TOOL_NAME, RECALL_TOOL_NAME, CompactingSession
-from worker.session._compact_tool import COMPACT_DESCRIPTION
+from worker.session import (
+    COMPACT_DESCRIPTION,
+    COMPACT_TOOL_NAME,
+    RECALL_TOOL_NAME,
+    CompactingSession,
+)
 
 __all__ = [
     "EXTRA_KEY",

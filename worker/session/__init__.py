@@ -32,12 +32,13 @@ loops share), ``_messages`` (copies, tool call ids), ``_compact_tool`` (the mode
 from __future__ import annotations
 
 from ._async import AsyncCompactingSession
-from ._compact_tool import COMPACT_TOOL_NAME, CompactTool
+from ._compact_tool import COMPACT_DESCRIPTION, COMPACT_TOOL_NAME, CompactTool
 from ._recall import RECALL_TOOL_NAME, RecallTool
 from ._status import SessionStatus
 from ._sync import CompactingSession
 
 __all__ = [
+    "COMPACT_DESCRIPTION",
     "COMPACT_TOOL_NAME",
     "RECALL_TOOL_NAME",
     "AsyncCompactingSession",
