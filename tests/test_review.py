@@ -149,6 +149,41 @@ def test_a_held_compaction_is_not_applied_until_approved(stack: Stack) -> None:
     assert post(stack, "h-1", proposed["event_id"], "reject").status_code == 409
 
 
+def test_a_requested_compaction_is_held_for_review_too(stack: Stack) -> None:
+    """Asking for a compaction is no way around review: it is proposed like any other, and a
+    second one asked for while it is held is answered with a skip, nothing more proposed."""
+    snap = conversation("h-req", 4, body=100)  # under the threshold: nothing proposed by itself
+    submit(stack, snap)
+    wait_for_type(stack, "h-req", "compaction.skipped")
+    with stack.http() as client:
+        first = client.post("/v1/conversations/h-req/compact", json={})
+        assert first.status_code == 202, first.text
+        proposed = proposal_of(stack, "h-req")
+        assert proposed["trigger"]["kind"] == "requested"
+        assert proposed["trigger"]["request_id"] == first.json()["request_id"]
+        second = client.post("/v1/conversations/h-req/compact", json={})
+        assert second.status_code == 202, second.text
+    request_id = second.json()["request_id"]
+
+    def answered() -> bool:
+        return any(
+            e["type"] == "compaction.skipped" and e["trigger"]["request_id"] == request_id
+            for e in events_of(stack, "h-req")
+            if e.get("trigger")
+        )
+
+    _wait(answered, "the second request answered")
+    events = events_of(stack, "h-req")
+    skip = next(e for e in events if (e.get("trigger") or {}).get("request_id") == request_id)
+    assert "awaits review" in skip["reason"] and schema_errors(skip) == []
+    assert [e["type"] for e in events].count("compaction.proposed") == 1
+    assert "compaction.completed" not in {e["type"] for e in events}
+
+    r = post(stack, "h-req", proposed["event_id"], "approve")
+    assert r.status_code == 200, r.text
+    assert r.json()["compaction"] == proposed["compaction"]
+
+
 def test_an_edited_summary_is_checked_and_applied(stack: Stack) -> None:
     snap = conversation("h-edit", 12)
     submit(stack, snap)

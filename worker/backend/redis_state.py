@@ -544,7 +544,8 @@ _TAKE_REQUEST = """
 local request = redis.call('GET', KEYS[1])
 if not request then return {false} end
 return {request, redis.call('GET', KEYS[2]) or false, redis.call('GET', KEYS[3]) or false,
-        redis.call('LRANGE', KEYS[4], 0, -1), redis.call('GET', KEYS[5]) or false}
+        redis.call('LRANGE', KEYS[4], 0, -1), redis.call('GET', KEYS[5]) or false,
+        redis.call('EXISTS', KEYS[6])}
 """
 
 # Forget a request once its outcome is published, unless a newer one replaced it meanwhile.
@@ -591,6 +592,7 @@ class RequestedWork:
     payload: bytes | None = None
     compactions: list[CompletedEvent] = field(default_factory=list)  # oldest first
     composed: ComposedCompaction | None = None
+    held: bool = False  # a compaction is held for review: none other is made meanwhile
 
 
 @dataclass(frozen=True)
@@ -762,6 +764,7 @@ class RedisState:
                     keys.snapshot(conversation_id),
                     keys.last_compaction(conversation_id),
                     keys.composed(conversation_id),
+                    keys.proposal(conversation_id),
                 ],
             )
         if not reply[0]:
@@ -778,6 +781,7 @@ class RedisState:
             payload=zlib.decompress(reply[2]) if reply[2] else None,
             compactions=compactions,
             composed=_composed(reply[4], compactions),
+            held=len(reply) > 5 and bool(reply[5]),
         )
 
     def done_request(self, conversation_id: str, request_id: str) -> None:

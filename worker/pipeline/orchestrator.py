@@ -27,6 +27,7 @@ from worker.summarize.digest import DigestSummarizer
 from worker.transcripts import TranscriptStore
 from worker.wire.composed import ComposedCompaction, apply_composed
 from worker.wire.events import (
+    HELD_REASON,
     Compaction,
     CompactionEvent,
     CompletedEvent,
@@ -429,16 +430,33 @@ class Pipeline:
         is ``requested``, with the request's id and the SHA-256 of its instructions; the
         instructions themselves go to the summarizer only."""
         context = self._context(snapshot)
-        prior = self.reuse.recent.counted(context.conversation_id)
-        evaluation = evaluate(context, prior).requested(
-            request.request_id, request.instructions_sha256
-        )
         return self.compact(
             context,
-            evaluation,
+            self._requested(context, request),
             already_published=already_published,
             instructions=request.instructions,
         )
+
+    def requested_while_held(
+        self, snapshot: SnapshotContext | ParsedSnapshot, request: CompactRequest
+    ) -> SkippedEvent:
+        """The answer to a compaction asked for while another awaits review: none is made
+        until that one is approved or declined, as for the snapshots that reach the
+        threshold meanwhile."""
+        context = self._context(snapshot)
+        skipped = skipped_event(
+            context.conversation_id,
+            context.revision,
+            self.adapters.now(),
+            why="held",
+            reason=HELD_REASON,
+            trigger=self._requested(context, request).trigger(),
+        )
+        return _of_request(skipped, "held", request.request_id)
+
+    def _requested(self, context: SnapshotContext, request: CompactRequest) -> Evaluation:
+        prior = self.reuse.recent.counted(context.conversation_id)
+        return evaluate(context, prior).requested(request.request_id, request.instructions_sha256)
 
     def run(self, snapshot: SnapshotContext | ParsedSnapshot) -> list[CompactionEvent]:
         """Everything after parsing, in process: the events to publish, in order."""

@@ -35,6 +35,7 @@ from worker.pipeline.context import SnapshotContext
 from worker.transcripts import prune_by_settings
 from worker.wire.composed import ComposedCompaction, HeldProposal, compose
 from worker.wire.events import (
+    HELD_REASON,
     CompactionEvent,
     CompletedEvent,
     Cost,
@@ -302,7 +303,7 @@ class Service:
                 parsed.revision,
                 self.pipeline.adapters.now(),
                 why="held",
-                reason="a compaction of this conversation awaits review (compaction.proposed)",
+                reason=HELD_REASON,
                 trigger=verdict.evaluation.trigger(),
             )
             self.state.publish(held, fencing_token=token, handled_revision=latest)
@@ -510,9 +511,15 @@ class Service:
         if parsed is None:
             self.state.done_request(conversation_id, request.request_id)
             return "rejected"
+        if work.held:  # asked for while one awaits review: answered, not made
+            held = self.pipeline.requested_while_held(parsed, request)
+            self.state.publish(held, fencing_token=token, handled_revision=None)
+            self.state.done_request(conversation_id, request.request_id)
+            return "skipped"
+        context = self.pipeline.context(parsed)
         started = time.monotonic()
         event = self.pipeline.compact_requested(
-            parsed,
+            context,
             request,
             already_published=lambda event_id: self.state.is_published(conversation_id, event_id),
         )
@@ -522,15 +529,24 @@ class Service:
         if lease_lost():
             raise LeaseLost(f"lease on {conversation_id} expired during the compaction")
         failed = event.type == "compaction.failed"
+        counters = _counters(event, time.monotonic() - started)
+        counters["compactions_requested_total"] = 1.0
+        composed = (
+            compose(work.composed, parsed.snapshot.messages, event)
+            if isinstance(event, CompletedEvent)
+            else None
+        )
+        if isinstance(event, CompletedEvent) and context.config.reviews(conversation_id):
+            # Held for review like any other: asking for a compaction is no way around it.
+            outcome = self._propose(event, composed, work, token, counters)
+            self.state.done_request(conversation_id, request.request_id)
+            return outcome
         status = self.state.publish(
             event,
             fencing_token=token,
             handled_revision=None if failed else work.latest,
-            counters=_counters(event, time.monotonic() - started)
-            | {"compactions_requested_total": 1.0},
-            composed=compose(work.composed, parsed.snapshot.messages, event)
-            if isinstance(event, CompletedEvent)
-            else None,
+            counters=counters,
+            composed=composed,
         )
         self.state.done_request(conversation_id, request.request_id)
         if status == "duplicate":
@@ -570,7 +586,7 @@ class Service:
         self,
         completed: CompletedEvent,
         composed: ComposedCompaction | None,
-        work: Work,
+        work: Work | RequestedWork,
         token: str,
         counters: dict[str, float],
     ) -> Outcome:

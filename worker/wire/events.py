@@ -444,6 +444,10 @@ def event_id_for(conversation_id: str, revision: int, kind: str, *parts: object)
 # --- constructors ---------------------------------------------------------------------------
 
 
+# The reason of the skip a conversation gets while a compaction of it awaits review.
+HELD_REASON = "a compaction of this conversation awaits review (compaction.proposed)"
+
+
 def skipped_event(
     conversation_id: str,
     revision: int,
