@@ -5,6 +5,7 @@ every completed event carries (tokens only for a model without prices)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from worker.config import CompactionConfig, CostConfig, Settings, settings_from_
 from worker.core.cost import (
     Activity,
     CostInputs,
+    LastRequest,
     Priced,
     ceiling_tokens,
     decide,
@@ -157,6 +159,25 @@ def test_an_idle_conversation_counts_as_cold_even_with_fast_turns() -> None:
     assert cost.turn_interval_s == 60.0 and cost.cache_warm is False
 
 
+def test_a_last_request_that_left_the_cache_alone_means_no_warm_prefix_to_lose() -> None:
+    """Turns every minute would keep a cache warm, but the provider said the agent's last
+    request (long enough to be cached) read nothing from its cache and wrote nothing to it:
+    caching is off for this conversation, so the compaction loses no cached prefix."""
+    pace = {"snapshots": 11, "first_at": 0.0, "last_at": 600.0, "now": 601.0}
+
+    def warm(last: LastRequest | None) -> bool | None:
+        given = replace(inputs(100_000, 20_000, **pace), last_request=last)
+        return estimate(given, priced(), None, policy="x", llm_summary=False, model="m").cache_warm
+
+    assert warm(None) is True
+    assert warm(LastRequest(input_tokens=90_000, cache_reads=0, cache_writes=0)) is False
+    assert warm(LastRequest(input_tokens=90_000, cache_reads=0)) is False  # OpenAI says no writes
+    assert warm(LastRequest(input_tokens=90_000, cache_reads=85_000)) is True  # a hit
+    assert warm(LastRequest(input_tokens=90_000, cache_reads=0, cache_writes=90_000)) is True
+    assert warm(LastRequest(input_tokens=90_000)) is True  # the provider said nothing of it
+    assert warm(LastRequest(input_tokens=900, cache_reads=0, cache_writes=0)) is True  # too short
+
+
 def test_an_unknown_model_gets_tokens_only_and_says_so() -> None:
     cost = estimate(
         inputs(50_000, 10_000), None, None, policy="threshold", llm_summary=False, model="llama"
@@ -264,6 +285,27 @@ def test_the_cost_policy_skips_a_warm_prefix_for_a_gain_under_the_minimum(tmp_pa
     done = run(tmp_path / "b", snap, policy="cost", cost_min_gain_usd=0.0)[-1]
     assert isinstance(done, CompletedEvent) and done.trigger.kind == "cost"
     assert done.cost is not None and done.cost.decision is not None
+
+
+def test_the_agents_usage_without_cache_reads_or_writes_tells_a_cold_cache(
+    tmp_path: Path,
+) -> None:
+    snap = conversation("c-nocache", 12, window=2000)
+    # the agent's last request held the first 10 messages, thousands of tokens, none cached
+    snap["usage"] = {
+        "input_tokens": 4000,
+        "message_count": 10,
+        "cached_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+    }
+    cold = run(tmp_path / "cold", snap)[-1]
+    assert isinstance(cold, CompletedEvent) and cold.cost is not None
+    assert cold.trigger.usage_ignored is None  # the usage was taken
+    assert cold.cost.cache_warm is False
+    snap["usage"]["cached_input_tokens"] = 3500  # a cache hit: warm as the pace says
+    warm = run(tmp_path / "warm", snap)[-1]
+    assert isinstance(warm, CompletedEvent) and warm.cost is not None
+    assert warm.cost.cache_warm is True
 
 
 def test_the_agents_last_request_time_tells_a_cold_cache(tmp_path: Path) -> None:

@@ -112,6 +112,26 @@ class CostInputs:
     summary_output_tokens: int
     horizon_turns: int
     activity: Activity = Activity()
+    last_request: LastRequest | None = None
+
+
+@dataclass(frozen=True)
+class LastRequest:
+    """What the provider reported of the agent's last request (the snapshot's ``usage``): all
+    its input tokens, and those read from and written to the prompt cache (None: not said)."""
+
+    input_tokens: int
+    cache_reads: int | None = None
+    cache_writes: int | None = None
+
+    def left_the_cache_alone(self, min_cacheable_tokens: int) -> bool:
+        """Long enough to be cached, it read nothing from the cache and wrote nothing to it:
+        this conversation's prefix is not in the provider's cache (caching off, or expired)."""
+        return (
+            self.input_tokens >= max(min_cacheable_tokens, 1)
+            and self.cache_reads == 0
+            and not self.cache_writes
+        )
 
 
 def estimate(
@@ -154,6 +174,9 @@ def estimate(
         )
     p = priced.prices
     warm = gap is None or gap < p.cache_ttl_s
+    last = inputs.last_request
+    if last is not None and last.left_the_cache_alone(p.min_cacheable_tokens):
+        warm = False  # no cached prefix for the compaction to lose, whatever the pace
     # What the next request pays for its prefix without the compaction: a cache read when warm,
     # a fresh write when the cache will have expired anyway.
     old_prefix_price = p.cached_input if warm else p.cache_write_price

@@ -4,6 +4,7 @@ prices of the conversation's model and of the summarizing one (worker.core.cost)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from worker.core import cost as model
@@ -111,6 +112,14 @@ def measured_cost(
 def _cost(context: SnapshotContext, inputs: model.CostInputs, *, has_llm: bool) -> Cost:
     settings = context.settings
     name = context.snapshot.model.name or None
+    usage = context.snapshot.usage
+    if usage is not None:
+        last = model.LastRequest(
+            input_tokens=usage.input_tokens,
+            cache_reads=usage.cached_input_tokens,
+            cache_writes=usage.cache_creation_input_tokens,
+        )
+        inputs = replace(inputs, last_request=last)
     return model.estimate(
         inputs,
         model.prices_for(name, settings.cost),
