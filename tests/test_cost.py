@@ -287,6 +287,23 @@ def test_the_cost_policy_skips_a_warm_prefix_for_a_gain_under_the_minimum(tmp_pa
     assert done.cost is not None and done.cost.decision is not None
 
 
+@pytest.mark.parametrize("reduction", ["truncation", "masking"])
+def test_under_a_strategy_the_cost_policy_costs_what_the_strategy_leaves(
+    tmp_path: Path, reduction: str
+) -> None:
+    """A strategy is pure and calls no summarizer: the estimate the cost policy decides on is
+    its compaction's exact tokens after, with no summary call."""
+    probe = run(tmp_path / "probe", conversation("c-strat", 12, window=2000))[-1]
+    snap = conversation("c-strat", 12, window=probe.trigger.projected_tokens * 6 // 5)
+    knobs = {"reduction": reduction, "reduction_max_messages": 6}
+    skipped = run(tmp_path / "a", snap, policy="cost", cost_min_gain_usd=1000.0, **knobs)[-1]
+    assert isinstance(skipped, SkippedEvent) and skipped.cost is not None
+    done = run(tmp_path / "b", snap, **knobs)[-1]  # the threshold policy makes it
+    assert isinstance(done, CompletedEvent) and done.compaction.reduction == reduction
+    assert skipped.cost.tokens_after == done.compaction.tokens_after
+    assert skipped.cost.summary_input_tokens == skipped.cost.summary_output_tokens == 0
+
+
 def test_the_agents_usage_without_cache_reads_or_writes_tells_a_cold_cache(
     tmp_path: Path,
 ) -> None:

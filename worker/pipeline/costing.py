@@ -12,6 +12,7 @@ from worker.core.planning import compactable_groups
 from worker.core.projection import REPLY_PRIMING_TOKENS
 from worker.pipeline.context import SnapshotContext
 from worker.pipeline.evaluation import Evaluation
+from worker.pipeline.reduction import build_reduction, prepare_reduction
 from worker.wire.events import Compaction, Cost
 
 # The summary is estimated at this share (%) of what it summarizes, at most its bound: the
@@ -53,8 +54,11 @@ def estimated_cost(
 ) -> Cost:
     """The cost of compacting now, before doing it: what would stay (leading system messages,
     the protected tail, the newest user turns up to ``preserve_recent_user_tokens``) plus a
-    summary of :data:`SUMMARY_SHARE` % of the rest, at most ``summary_max_output_tokens``."""
+    summary of :data:`SUMMARY_SHARE` % of the rest, at most ``summary_max_output_tokens``.
+    Under a reduction strategy, exactly what the strategy would leave."""
     config = context.config
+    if config.reduction != "summary":
+        return _reduction_cost(context, evaluation, activity)
     messages = evaluation.projection.messages
     counts = evaluation.counted.counts
     groups, first, tail = compactable_groups(messages)
@@ -82,6 +86,27 @@ def estimated_cost(
         ),
         has_llm=has_llm,
     )
+
+
+def _reduction_cost(
+    context: SnapshotContext, evaluation: Evaluation, activity: model.Activity
+) -> Cost:
+    """A strategy calls no summarizer and is pure, so its compaction is made here and costed
+    by its exact tokens after (the same as the compaction that follows, if it is decided)."""
+    prepared = prepare_reduction(context, evaluation)
+    before = evaluation.projected_tokens
+    after = (
+        before if prepared is None else build_reduction(context, prepared, evaluation).tokens_after
+    )
+    inputs = model.CostInputs(
+        tokens_before=before,
+        tokens_after=after,  # more than before when the strategy's markers outweigh it
+        summary_input_tokens=0,
+        summary_output_tokens=0,
+        horizon_turns=model.horizon_turns(turns_so_far(context), context.config),
+        activity=activity,
+    )
+    return _cost(context, inputs, has_llm=False)
 
 
 def measured_cost(
