@@ -293,15 +293,32 @@ def test_under_a_strategy_the_cost_policy_costs_what_the_strategy_leaves(
 ) -> None:
     """A strategy is pure and calls no summarizer: the estimate the cost policy decides on is
     its compaction's exact tokens after, with no summary call."""
-    probe = run(tmp_path / "probe", conversation("c-strat", 12, window=2000))[-1]
+    # the projection keeps every output as it is: masking's placeholders shorten the request
+    knobs = {
+        "reduction": reduction,
+        "reduction_max_messages": 6,
+        "keep_recent_tool_results": "none",
+    }
+    probe = run(tmp_path / "probe", conversation("c-strat", 12, window=2000), **knobs)[-1]
     snap = conversation("c-strat", 12, window=probe.trigger.projected_tokens * 6 // 5)
-    knobs = {"reduction": reduction, "reduction_max_messages": 6}
     skipped = run(tmp_path / "a", snap, policy="cost", cost_min_gain_usd=1000.0, **knobs)[-1]
     assert isinstance(skipped, SkippedEvent) and skipped.cost is not None
     done = run(tmp_path / "b", snap, **knobs)[-1]  # the threshold policy makes it
     assert isinstance(done, CompletedEvent) and done.compaction.reduction == reduction
     assert skipped.cost.tokens_after == done.compaction.tokens_after
     assert skipped.cost.summary_input_tokens == skipped.cost.summary_output_tokens == 0
+
+
+def test_a_strategy_that_would_not_shorten_the_request_is_skipped(tmp_path: Path) -> None:
+    """The projection already shortens old outputs (``keep_recent_tool_results = 1``) more
+    than masking's placeholders would: the compaction would make the request longer, so none
+    is published, and the skip says why."""
+    probe = run(tmp_path / "probe", conversation("c-mask", 12, window=2000))[-1]
+    snap = conversation("c-mask", 12, window=probe.trigger.projected_tokens * 6 // 5)
+    skipped = run(tmp_path / "a", snap, reduction="masking")[-1]
+    assert isinstance(skipped, SkippedEvent), skipped
+    assert "masking reduction keeps it or would not make the request smaller" in skipped.reason
+    assert not list((tmp_path / "a").rglob("*.json*"))  # no transcript written either
 
 
 def test_the_agents_usage_without_cache_reads_or_writes_tells_a_cold_cache(

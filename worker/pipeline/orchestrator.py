@@ -289,12 +289,14 @@ class Pipeline:
             reduction = prepare_reduction(context, evaluation)
             if reduction is None:
                 return None
+            # Pure and cheap, so made now: a strategy that would not make the request smaller
+            # (its placeholders outweighing what the projection already shortened) is no
+            # compaction worth breaking the provider's cache for.
+            compaction = self._reduced(context, reduction, evaluation, timings)
+            if compaction.tokens_after >= compaction.tokens_before:
+                return None
             # A strategy summarizes nothing: no summary input to cost.
-            return (
-                reduction.event_id,
-                0,
-                partial(self._reduced, context, reduction, evaluation, timings),
-            )
+            return reduction.event_id, 0, lambda: compaction
         prepared = prepare(context, evaluation, instructions=instructions)
         if prepared is None:
             return None
@@ -476,7 +478,10 @@ def _nothing_reason(context: SnapshotContext, request_id: str | None) -> str:
     if reduction == "summary":
         return f"{why}, but nothing outside the protected tail"
     # A strategy within its bound keeps the range as it is: no event would change anything.
-    return f"{why}, but nothing outside the protected tail, or the {reduction} reduction keeps it"
+    return (
+        f"{why}, but nothing outside the protected tail, or the {reduction} reduction keeps "
+        "it or would not make the request smaller"
+    )
 
 
 def _of_request(event: _Outcome, part: str, request_id: str | None) -> _Outcome:
