@@ -366,6 +366,25 @@ def test_the_offline_cli_honours_the_configured_reduction(run_cli_in_process: Cl
     assert "compaction.reduction" in refused.stderr and "'sliding_window'" in refused.stderr
 
 
+# A 1x1 grey PNG.
+PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNgAAAAAgABSK+kcQAAAABJRU5ErkJggg=="
+)
+
+
+def test_the_images_of_omitted_messages_are_itemised_in_dropped(tmp_path: Path) -> None:
+    snap = conversation("c-pixel", 20)
+    task = snap["messages"][1]
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}
+    task["content"] = [{"type": "text", "text": task["content"]}, image]
+    c = Run(tmp_path, "truncation").completed(snap).compaction
+    assert task["id"] not in c.preserved_ids
+    items = [(d.kind, d.message_id) for d in c.dropped if d.message_id == task["id"]]
+    assert items == [("message_omitted", task["id"]), ("attachment_dropped", task["id"])]
+    lost = next(d for d in c.dropped if d.kind == "attachment_dropped")
+    assert lost.attachment and lost.attachment.startswith("[image")
+
+
 # --- other wire formats ---------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from worker.tokens import counted_by
 from worker.wire import formats
 from worker.wire.events import Compaction, DroppedItem, Summary, SummarySection, event_id_for
 from worker.wire.history import apply_compaction, range_digest
+from worker.wire.media import placeholders
 from worker.wire.models import Message
 
 
@@ -121,15 +122,21 @@ def _dropped(
     """Each omitted wire message once, and each rewritten tool output, in conversation order."""
     names = {c.id: c.name for m in ranged for c in m.tool_calls}
     omitted: dict[str, int] = {}  # wire id -> bytes of its omitted parts
+    images: dict[str, list[str]] = {}  # wire id -> its omitted images and files, as named
     for m in reduced.omitted:
         wire_id = where[m.id][1]
         omitted[wire_id] = omitted.get(wire_id, 0) + _size(m)
+        images.setdefault(wire_id, []).extend(placeholders(m.id, m.attachments))
     out: list[DroppedItem] = []
     for m in ranged:
         wire_id = where[m.id][1]
         if wire_id in omitted:
             size = omitted.pop(wire_id)
             out.append(DroppedItem(message_id=wire_id, kind="message_omitted", bytes=size))
+            out.extend(
+                DroppedItem(message_id=wire_id, kind="attachment_dropped", attachment=name)
+                for name in images.get(wire_id, [])
+            )
         elif m.id in reduced.rewritten:
             tool = names.get(m.tool_call_id or "", m.tool_name or "") or None
             item = DroppedItem(
