@@ -304,13 +304,15 @@ def opens_history(messages: list[Message], start: int) -> bool:
 
 def user_before(messages: list[Message], start: int, end: int, message_id: str) -> Message | None:
     """The newest user turn of the wire range ``start..end`` before the message ``message_id``
-    (not an earlier summary or a reduction's marker)."""
+    (one that says something: not empty, not an earlier summary or a reduction's marker)."""
     ranged = [m for m in messages if start <= m.source_index < end]
     position = next((k for k, m in enumerate(ranged) if m.id == message_id), 0)
-    return next(
-        (m for m in reversed(ranged[:position]) if m.role == "user" and not is_summary_message(m)),
-        None,
-    )
+    return next((m for m in reversed(ranged[:position]) if _a_user_turn(m)), None)
+
+
+def _a_user_turn(m: Message) -> bool:
+    said = bool(m.content.strip() or m.attachments)
+    return m.role == "user" and said and not is_summary_message(m)
 
 
 class _Carried:
