@@ -280,11 +280,7 @@ def lead_with_user(
     call), the newest user turn of the range before them is carried first, cut to what is left
     of ``budget_tokens`` as the newest user turn would be. Nothing changes when the range has
     no such turn before them (only earlier summaries)."""
-    if not plan.carried or plan.carried[0].role == "user":
-        return
-    if not opens_history(messages, plan.start):
-        return
-    lead = user_before(messages, plan.start, plan.end, plan.carried[0].id)
+    lead = user_lead(messages, plan.start, plan.end, plan.carried)
     if lead is None:
         return
     plan.carried.insert(0, lead)
@@ -296,17 +292,18 @@ def lead_with_user(
     plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
 
 
-def opens_history(messages: list[Message], start: int) -> bool:
-    """Whether the wire range starting at ``start`` opens the history (after its system
-    messages)."""
-    return start == next((m.source_index for m in messages if m.role != "system"), start)
-
-
-def user_before(messages: list[Message], start: int, end: int, message_id: str) -> Message | None:
-    """The newest user turn of the wire range ``start..end`` before the message ``message_id``
-    (one that says something: not empty, not an earlier summary or a reduction's marker)."""
+def user_lead(messages: list[Message], start: int, end: int, kept: list[Message]) -> Message | None:
+    """The user turn to put before ``kept`` (what stays of the wire range ``start..end``) when
+    it would otherwise open the history with another role: the newest one of the range before
+    it that says something (not empty, not an earlier summary or a reduction's marker). None
+    when ``kept`` is empty or opens with a user turn, when the range does not open the history
+    (after its system messages), or when there is no such turn."""
+    if not kept or kept[0].role == "user":
+        return None
+    if start != next((m.source_index for m in messages if m.role != "system"), start):
+        return None
     ranged = [m for m in messages if start <= m.source_index < end]
-    position = next((k for k, m in enumerate(ranged) if m.id == message_id), 0)
+    position = next((k for k, m in enumerate(ranged) if m.id == kept[0].id), 0)
     return next((m for m in reversed(ranged[:position]) if _a_user_turn(m)), None)
 
 

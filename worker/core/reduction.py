@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from worker.config import CompactionConfig, Reduction
 from worker.core.groups import group_messages, protected_tail_start
-from worker.core.planning import opens_history, user_before
+from worker.core.planning import user_lead
 from worker.core.strategies import (
     CompactionStrategy,
     SelectiveToolResult,
@@ -140,9 +140,8 @@ def reduce_range(
     ranged = [m for m in messages if start <= m.source_index < end]
     survived = [m for m in result if start <= m.source_index < end]
     kept = [m for m in survived if marker_counts(m) is None]
-    if opens_with_user and kept and kept[0].role != "user" and opens_history(messages, start):
-        lead = user_before(messages, start, end, kept[0].id)
-        kept = [lead, *kept] if lead is not None else kept
+    lead = user_lead(messages, start, end, kept) if opens_with_user else None
+    kept = [lead, *kept] if lead is not None else kept
     rewritten = frozenset(m.id for m in kept if given.get(m.id) is not m)
     left = {m.id for m in kept}
     omitted = [m for m in ranged if m.id not in left]

@@ -12,7 +12,7 @@ from typing import Any
 
 from worker.errors import InvalidSnapshot
 from worker.wire import media
-from worker.wire.formats.common import source_of, string_field
+from worker.wire.formats.common import normalizes_to, source_of, string_field
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, ToolCall
 
@@ -194,7 +194,7 @@ def render(
     out: list[dict[str, Any]] = []
     for m in messages:
         whole = source_of(m, source)
-        if m.role != "tool" and whole is not None and _normalizes_to_only(m, whole):
+        if m.role != "tool" and whole is not None and normalizes_to(m, whole, _alone):
             out.append({"id": m.id, **whole} if with_ids and "id" not in whole else dict(whole))
             continue
         src = _source_blocks(m, source)
@@ -227,14 +227,15 @@ def render(
 _MEDIA_BLOCKS = {"image", "document"}
 
 
-def _normalizes_to_only(m: Message, src: dict[str, Any]) -> bool:
-    """Whether the wire message ``src`` is ``m`` and nothing else (no tool results beside
-    it), attachments aside: then it is carried as it was, string content and all."""
-    try:
-        fresh = wire_message(m.source_index, src, m.id, {}, MediaRules(provider="anthropic"))
-    except InvalidSnapshot:
-        return False
-    return len(fresh) == 1 and fresh[0].model_copy(update={"attachments": m.attachments}) == m
+def _alone(
+    index: int, raw: dict[str, Any], mid: str, names: dict[str, str], rules: MediaRules
+) -> Message:
+    """The one message ``raw`` normalizes to; refused when tool results sit beside it (such a
+    wire message is not ``m`` alone, so it cannot be carried whole)."""
+    fresh = wire_message(index, raw, mid, names, rules)
+    if len(fresh) != 1:
+        raise InvalidSnapshot(f"messages[{index}]", "holds more than one message")
+    return fresh[0]
 
 
 def _source_blocks(m: Message, source: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
