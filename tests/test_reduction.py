@@ -450,3 +450,40 @@ def test_each_strategy_on_an_anthropic_history(tmp_path: Path, reduction: str) -
     assert applied[-1] == snap["messages"][-1]
     assert c.replacement[-1]["content"][0]["text"] == c.summary.text
     assert c.tokens_after < c.tokens_before
+
+
+@pytest.mark.parametrize("reduction", ["summary", "truncation"])
+def test_300_anthropic_turns_always_open_with_the_task(tmp_path: Path, reduction: str) -> None:
+    """A working day of an Anthropic agent, each compaction applied as it comes and the
+    worker's pipeline replaced midway (a restart: nothing kept in memory): every history the
+    agent ends up with opens with the task, its calls answered, and stays bounded."""
+    snap = anthropic_session(0)
+    snap["model"]["context_window"] = 6000
+    history: list[dict[str, Any]] = list(snap["messages"][:1])
+    task = history[0]
+    settings = Settings(compaction={"reduction": reduction, "reduction_max_messages": 12})
+
+    def pipeline() -> Pipeline:
+        return Pipeline(settings, Adapters(store=FileStore(tmp_path)), Reuse())
+
+    runner, compactions, peak = pipeline(), 0, 0
+    for turn in range(300):
+        if turn == 150:
+            runner = pipeline()
+        use = {"type": "tool_use", "id": f"toolu_{turn}", "name": "bash", "input": {"n": turn}}
+        body = " ".join(f"w{turn}_{i}" for i in range(120))
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": body}
+        history += [
+            {"role": "assistant", "content": [{"type": "text", "text": f"Step {turn}."}, use]},
+            {"role": "user", "content": [result]},
+        ]
+        sent = {**snap, "revision": turn + 1, "messages": history}
+        for event in runner.run(runner.parse(json.dumps(sent).encode())):
+            if isinstance(event, CompletedEvent):
+                history = apply_compaction(history, event)
+                compactions += 1
+        assert history[0] == task, turn
+        anthropic_pairs_intact(history)
+        peak = max(peak, len(json.dumps(history)))
+    assert compactions >= 20
+    assert peak < 60_000  # bounded: 300 turns hold about 300 KB uncompacted
