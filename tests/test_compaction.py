@@ -20,6 +20,7 @@ from worker.pipeline import Adapters, Pipeline, tokens_of
 from worker.summarize import SUMMARY_MARKER
 from worker.transcripts.filesystem import FileStore
 from worker.wire.events import CompactionEvent
+from worker.wire.history import apply_built
 from worker.wire.snapshots import parse_snapshot
 
 
@@ -245,3 +246,19 @@ def test_apply_compaction_keeps_messages_appended_after_the_snapshot(tmp_path: P
     assert applied[-1]["content"] == "appended later"
     with pytest.raises(EventMismatch, match="already applied"):
         apply_compaction(applied, event)
+
+
+def test_applying_a_just_built_compaction_finds_the_range_as_the_agent_would(
+    tmp_path: Path,
+) -> None:
+    """The pipeline applies each compaction it builds to measure ``tokens_after``, as the agent
+    would but without hashing the range again: the same history results, and an applied one
+    is refused."""
+    messages = _conversation()
+    event = _compact(snapshot(messages, threshold=1500), tmp_path)
+    compaction = event.compaction
+    assert compaction is not None
+    applied = apply_built(messages, compaction)
+    assert applied == apply_compaction(messages, event)
+    with pytest.raises(EventMismatch, match="already applied"):
+        apply_built(applied, compaction)

@@ -15,7 +15,7 @@ from worker.pipeline.preparation import PreparedCompaction
 from worker.tokens import Tokenizer, counted_by
 from worker.wire import formats
 from worker.wire.events import Compaction, Summary
-from worker.wire.history import apply_compaction, range_digest
+from worker.wire.history import apply_built, range_digest
 from worker.wire.models import canonical_json
 from worker.wire.snapshots import ParsedSnapshot
 
@@ -67,7 +67,7 @@ def build_compaction(
         preserved_ids=[m.id for m in plan.carried],
         dropped=provenance.dropped(ranged, plan, prepared.policies, where),
     )
-    applied = apply_compaction(snap.messages, compaction)
+    applied = apply_built(snap.messages, compaction)
     after = history_tokens(applied, context)
     return compaction.model_copy(update={"tokens_after": after})
 

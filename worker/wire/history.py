@@ -35,6 +35,29 @@ def apply_compaction(
     event must be that conversation's). ``event`` may be an event, its JSON or dict (a line of
     ``compactor events`` as it is), or a bare :class:`Compaction`."""
     compaction = _compaction_of(event, conversation_id)
+    start, last = _located(messages, compaction)
+    if compaction.range_sha256 is None:
+        raise EventMismatch("the event has no range digest (published by an older version)")
+    if range_digest(messages[start : last + 1]) != compaction.range_sha256:
+        raise EventMismatch(
+            "the compacted range differs from these messages (another conversation, or an "
+            "edited history)"
+        )
+    return [*messages[:start], *compaction.replacement, *messages[last + 1 :]]
+
+
+def apply_built(messages: list[dict[str, Any]], compaction: Compaction) -> list[dict[str, Any]]:
+    """:func:`apply_compaction` for a compaction just built from these very messages: located
+    the same way (so an event the agent could not apply is caught here), but not hashed again
+    (its digest was just taken of that range)."""
+    start, last = _located(messages, compaction)
+    if start != compaction.start:
+        raise EventMismatch(f"the range is found at {start}, not at {compaction.start}")
+    return [*messages[:start], *compaction.replacement, *messages[last + 1 :]]
+
+
+def _located(messages: list[dict[str, Any]], compaction: Compaction) -> tuple[int, int]:
+    """Where the compacted range's first and last messages are, by their ids."""
     if compaction.replacement and compaction.replacement[-1] in messages:
         raise EventMismatch("this compaction is already applied (its summary is present)")
     ids = formats.source_ids(messages)
@@ -47,14 +70,7 @@ def apply_compaction(
         ) from None
     if last - start != compaction.end - 1 - compaction.start:
         raise EventMismatch("the compacted range has a different length in this history")
-    if compaction.range_sha256 is None:
-        raise EventMismatch("the event has no range digest (published by an older version)")
-    if range_digest(messages[start : last + 1]) != compaction.range_sha256:
-        raise EventMismatch(
-            "the compacted range differs from these messages (another conversation, or an "
-            "edited history)"
-        )
-    return [*messages[:start], *compaction.replacement, *messages[last + 1 :]]
+    return start, last
 
 
 def _compaction_of(
