@@ -16,7 +16,7 @@ from worker.pipeline.evaluation import Evaluation
 from worker.tokens import counted_by
 from worker.wire import formats
 from worker.wire.events import Compaction, DroppedItem, Summary, SummarySection, event_id_for
-from worker.wire.history import apply_compaction, range_digest
+from worker.wire.history import apply_built, range_digest
 from worker.wire.media import placeholders
 from worker.wire.models import Message
 
@@ -94,7 +94,7 @@ def build_reduction(
         dropped=_dropped(ranged, reduced, where),
         reduction=context.config.reduction,
     )
-    after = history_tokens(apply_compaction(snap.messages, compaction), context)
+    after = history_tokens(apply_built(snap.messages, compaction), context)
     return compaction.model_copy(update={"tokens_after": after})
 
 
