@@ -437,6 +437,52 @@ def test_a_summary_carrying_a_kept_call_still_opens_an_anthropic_history_with_th
     assert not formats.opens_with_user("openai")
 
 
+def _after_an_earlier_summary(snap: dict[str, Any]) -> dict[str, Any]:
+    """The history's only user turn before its calls is an earlier compaction's summary (an
+    agent that applied one whose range had no task left to lead it)."""
+    snap["messages"][0] = {"role": "user", "content": f"{SUMMARY_MARKER}\nThe parser is fixed."}
+    return snap
+
+
+def test_a_kept_call_with_only_an_earlier_summary_before_it_is_summarized_not_leading(
+    tmp_path: Path,
+) -> None:
+    """No user turn in the range can lead the kept call on Anthropic's wire: rather than a
+    history the Messages API refuses, the call is summarized, and the newest user turn leads."""
+    snap = _after_an_earlier_summary(anthropic_session(20))
+    snap["messages"][1]["content"][1]["name"] = "plan"  # the first call: a tool to keep
+    snap["messages"].insert(11, {"role": "user", "content": "Also check the docs."})
+    adapters = Adapters(store=FileStore(tmp_path), digest=DigestSummarizer())
+    settings = Settings(
+        compaction={"mode": "local_only", "preserve_recent_user_tokens": 0},
+        tools={"plan": {"compaction": "keep"}},
+    )
+    pipeline = Pipeline(settings, adapters, Reuse())
+    event = pipeline.run(pipeline.parse(json.dumps(snap).encode()))[-1]
+    assert isinstance(event, CompletedEvent), event
+    applied = apply_compaction(snap["messages"], event)
+    anthropic_pairs_intact(applied)
+    assert applied[0] == {"role": "user", "content": "Also check the docs."}
+    assert "toolu_0" not in json.dumps(applied)  # the kept call went to the summary
+    # Without wire ids, a message's id starts with its position: only the newest user turn
+    # (position 11) is carried, the kept call (position 1) is not.
+    assert [i.split("-")[0] for i in event.compaction.preserved_ids] == ["m11"]
+
+
+@pytest.mark.parametrize("reduction", STRATEGIES)
+def test_each_strategy_opens_an_anthropic_history_with_a_user_turn_after_a_summary(
+    tmp_path: Path, reduction: str
+) -> None:
+    snap = _after_an_earlier_summary(anthropic_session(20))
+    event = Run(tmp_path, reduction).completed(snap)
+    applied = apply_compaction(snap["messages"], event)
+    anthropic_pairs_intact(applied)
+    assert applied[0]["role"] == "user"
+    opening = applied[0]["content"]
+    assert isinstance(opening, str) or all(b["type"] != "tool_result" for b in opening)
+    assert applied[-1] == snap["messages"][-1]
+
+
 @pytest.mark.parametrize("reduction", STRATEGIES)
 def test_each_strategy_on_an_anthropic_history(tmp_path: Path, reduction: str) -> None:
     snap = anthropic_session(20)

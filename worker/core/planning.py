@@ -278,10 +278,14 @@ def lead_with_user(
     """For a wire format whose history must open with a user turn (Anthropic's Messages API
     refuses any other): when the carried messages would open it with another role (a carried
     call), the newest user turn of the range before them is carried first, cut to what is left
-    of ``budget_tokens`` as the newest user turn would be. Nothing changes when the range has
-    no such turn before them (only earlier summaries)."""
+    of ``budget_tokens`` as the newest user turn would be. When the range has no such turn
+    before them (only earlier summaries), the carried messages before their first user turn go
+    to the summary instead: a kept call is summarized rather than the history refused."""
+    if not needs_user_lead(messages, plan.start, plan.carried):
+        return
     lead = user_lead(messages, plan.start, plan.end, plan.carried)
     if lead is None:
+        _summarize_until_user(plan, order)
         return
     plan.carried.insert(0, lead)
     plan.user_ids.insert(0, lead.id)
@@ -292,19 +296,41 @@ def lead_with_user(
     plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
 
 
+def needs_user_lead(messages: list[Message], start: int, kept: list[Message]) -> bool:
+    """Whether ``kept`` (what stays of the wire range from ``start``) would open the history
+    with a role other than the user's: it opens with another role, and the range opens the
+    history (after its system messages)."""
+    if not kept or kept[0].role == "user":
+        return False
+    return start == next((m.source_index for m in messages if m.role != "system"), start)
+
+
 def user_lead(messages: list[Message], start: int, end: int, kept: list[Message]) -> Message | None:
     """The user turn to put before ``kept`` (what stays of the wire range ``start..end``) when
-    it would otherwise open the history with another role: the newest one of the range before
-    it that says something (not empty, not an earlier summary or a reduction's marker). None
-    when ``kept`` is empty or opens with a user turn, when the range does not open the history
-    (after its system messages), or when there is no such turn."""
-    if not kept or kept[0].role == "user":
-        return None
-    if start != next((m.source_index for m in messages if m.role != "system"), start):
+    it would otherwise open the history with another role (:func:`needs_user_lead`): the
+    newest one of the range before it that says something (not empty, not an earlier summary
+    or a reduction's marker). None when no lead is needed or there is no such turn."""
+    if not needs_user_lead(messages, start, kept):
         return None
     ranged = [m for m in messages if start <= m.source_index < end]
     position = next((k for k, m in enumerate(ranged) if m.id == kept[0].id), 0)
     return next((m for m in reversed(ranged[:position]) if _a_user_turn(m)), None)
+
+
+def before_first_user(kept: list[Message]) -> int:
+    """How many of ``kept`` come before its first user turn (all of them when it has none):
+    what must go where no user turn can lead them. Calls and their results stay together, as
+    a result comes before the next user turn."""
+    return next((k for k, m in enumerate(kept) if m.role == "user"), len(kept))
+
+
+def _summarize_until_user(plan: RangePlan, order: dict[str, int]) -> None:
+    given_up = before_first_user(plan.carried)
+    plan.to_summarize.extend(plan.carried[:given_up])
+    plan.carried = plan.carried[given_up:]
+    still = {c.id for m in plan.carried for c in m.tool_calls}
+    plan.delegation_calls = [c for c in plan.delegation_calls if c in still]
+    plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
 
 
 def _a_user_turn(m: Message) -> bool:

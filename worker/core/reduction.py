@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from worker.config import CompactionConfig, Reduction
 from worker.core.groups import group_messages, protected_tail_start
-from worker.core.planning import user_lead
+from worker.core.planning import before_first_user, needs_user_lead, user_lead
 from worker.core.strategies import (
     CompactionStrategy,
     SelectiveToolResult,
@@ -134,14 +134,17 @@ def reduce_range(
     """``strategy`` run over ``messages``; its part standing for wire messages ``start..end``.
     ``opens_with_user``: the wire format refuses a history that does not open with a user turn
     (Anthropic's), so when the kept part would open it with another role, the newest user turn
-    before it is kept too."""
+    before it is kept too (or, when there is none, what is kept before its first user turn is
+    omitted)."""
     result = strategy.compact(messages)
     given = {m.id: m for m in messages}
     ranged = [m for m in messages if start <= m.source_index < end]
     survived = [m for m in result if start <= m.source_index < end]
     kept = [m for m in survived if marker_counts(m) is None]
-    lead = user_lead(messages, start, end, kept) if opens_with_user else None
-    kept = [lead, *kept] if lead is not None else kept
+    if opens_with_user and needs_user_lead(messages, start, kept):
+        lead = user_lead(messages, start, end, kept)
+        # With no user turn to lead them, what comes before the first kept one is omitted.
+        kept = [lead, *kept] if lead is not None else kept[before_first_user(kept) :]
     rewritten = frozenset(m.id for m in kept if given.get(m.id) is not m)
     left = {m.id for m in kept}
     omitted = [m for m in ranged if m.id not in left]
