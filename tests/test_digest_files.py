@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from worker.core.facts import extract_facts
-from worker.core.files import call_file_uses, normalize_path, shell_file_uses
+from worker.core.facts import extract_facts, key_argument
+from worker.core.files import (
+    call_file_uses,
+    file_uses,
+    normalize_path,
+    parse_arguments,
+    shell_file_uses,
+)
 from worker.summarize import SummaryRequest
 from worker.summarize.digest import DigestSummarizer, parse_files
 from worker.wire.models import Message, ToolCall
@@ -121,6 +127,39 @@ def test_file_tools_use_their_path_arguments() -> None:
         ("a/b.py", "edited"),
         ("c.py", "created"),
     ]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        json.dumps({"command": "cat a.py && rm b/c.txt"}),
+        json.dumps({"command": "view", "path": "./d.py", "paths": ["e.md", 1]}),
+        json.dumps({"query": "x"}),
+        json.dumps("cat f.py"),
+        "cat g.py",  # not JSON
+        "",
+        "null",
+        "{",
+    ],
+)
+def test_arguments_parsed_once_give_what_the_text_gives(arguments: str) -> None:
+    """extract_facts parses a call's arguments once for its files and its key argument."""
+    value = parse_arguments(arguments)
+    for tool in ("bash", "str_replace_editor"):
+        expected = call_file_uses(tool, arguments, "ok")
+        assert file_uses(tool, arguments, value, "ok") == expected
+    call = ToolCall(id="c", name="bash", arguments=arguments)
+    message = Message(id="a", role="assistant", tool_calls=(call,), source_index=0)
+    (action,) = extract_facts([message]).actions
+    assert action.key_argument == key_argument(arguments)
+    assert action.files == call_file_uses("bash", arguments, "")
+
+
+def test_an_output_is_searched_only_when_the_call_used_files() -> None:
+    refused = "bash: -c: line 1: syntax error near `('\ncat: x.py: No such file or directory\n"
+    assert _bash("true", refused) == []
+    assert _bash("cat x.py y.py", refused) == []  # refused: none
+    assert _bash("cat x.py y.py", refused.split("\n", 1)[1]) == ["y.py"]  # x.py is missing
 
 
 def _call(cid: str, command: str, text: str = "") -> Message:

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.config import Settings
-from worker.core import facts
+from worker.core import facts, files
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PEAK_RSS_LIMIT = 1 << 30
@@ -118,7 +118,8 @@ def test_a_huge_message_compacts_within_bounds(tmp_path: Path, case: str) -> Non
 LINE_PARTS = [
     "Error", "Exception", "error:", "E", " ", "  ", "\t", "FAIL", "FAIL:", "FAILED", "FAILEDx",
     "fatal:", "Traceback (most recent call last)", "No such file or directory", "x", "_", ":",
-    "command not found", "Permission denied", "ValueError", "é", "1",
+    "command not found", "Permission denied", "ValueError", "é", "1", "\x1f", "\u3000",
+    "cannot open", "not found", "does not exist",
 ]  # fmt: skip
 NAME_PARTS = ["a", "B", "1", ".", "-", "@", "+", "_", "é", "py", ".py", ".tar", "xxxxxxxxx"]
 
@@ -129,11 +130,11 @@ NAME_PARTS = ["a", "B", "1", ".", "-", "@", "+", "_", "é", "py", ".py", ".tar",
     padding=st.sampled_from(["", "x" * 2000, " " * 2000]),
     at=st.integers(0, 8),
 )
-def test_error_lines_are_found_as_the_pattern_finds_them(
-    parts: list[str], padding: str, at: int
-) -> None:
-    line = "".join([*parts[:at], padding, *parts[at:]])  # long lines take the other path
-    assert facts._is_error_line(line) is (facts._ERROR_LINE.search(line) is not None)
+def test_every_error_line_holds_a_hint(parts: list[str], padding: str, at: int) -> None:
+    """error_lines looks only at the lines with an _ERROR_HINT match: none may be missed."""
+    line = "".join([*parts[:at], padding, *parts[at:]])
+    if facts._ERROR_LINE.search(line):
+        assert facts._ERROR_HINT.search(line)
 
 
 def _old_error_lines(output: str, limit: int = 3) -> list[str]:
@@ -151,13 +152,25 @@ def _old_error_lines(output: str, limit: int = 3) -> list[str]:
     return lines
 
 
-BREAKS = ["\n", "\r\n", "\r", "\x0b", "\x1c", "\x85", "\u2028"]
+# Every line break of str.splitlines(), with "\r\n" and a blank line; "\x1f" is a space, not one.
+BREAKS = ["\n", "\r\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+OUTPUTS = st.lists(
+    st.sampled_from([*LINE_PARTS, *BREAKS, "\n\n", "\r\r\n", "y" * 300]), max_size=30
+).map("".join)
+
+
+@settings(deadline=None, max_examples=1000)
+@given(output=OUTPUTS, limit=st.sampled_from([1, 3, 10]))
+def test_error_lines_are_the_lines_the_pattern_finds(output: str, limit: int) -> None:
+    assert facts.error_lines(output, limit=limit) == _old_error_lines(output, limit)
 
 
 @settings(deadline=None, max_examples=500)
-@given(st.lists(st.sampled_from(LINE_PARTS + BREAKS), max_size=30).map("".join))
-def test_error_lines_are_the_lines_the_pattern_finds(output: str) -> None:
-    assert facts.error_lines(output) == _old_error_lines(output)
+@given(OUTPUTS)
+def test_lines_holding_a_match_are_the_lines_split(output: str) -> None:
+    lines = [line for line in output.splitlines() if files._MISSING.search(line)]
+    assert list(files.lines_holding(output, files._MISSING)) == lines
+    assert files._missing_lines(output) == lines[: files.MAX_MISSING_LINES]
 
 
 @settings(deadline=None, max_examples=500)
@@ -186,5 +199,8 @@ def test_facts_of_a_huge_line_are_linear(monkeypatch: pytest.MonkeyPatch) -> Non
     huge = "ab" * (4 * MB)
     assert facts.error_lines(f"{huge}\nValueError: boom\n") == ["ValueError: boom"]
     assert errors.sizes == [len("ValueError: boom")]  # the huge line was never searched
+    many = "x\n" * MB  # a million short lines are not looked at one by one
+    assert facts.error_lines(f"{many}{huge}\nE   assert 1\n{many}") == ["E   assert 1"]
+    assert errors.sizes[1:] == [len("E   assert 1")]
     assert facts.extract_paths(f"see {huge}.py and src/{huge}") == [f"{huge}.py", f"src/{huge}"]
     assert max(extension.sizes) <= 11

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.core.files import FileKind, FileRecord, call_file_uses
+from worker.core.files import (
+    LINE_BREAKS,
+    FileKind,
+    FileRecord,
+    file_uses,
+    lines_holding,
+    parse_arguments,
+)
 from worker.core.last_answer import LastAnswer
 from worker.wire.models import Message
 
@@ -29,23 +37,14 @@ _ERROR_LINE = re.compile(
     r"(Traceback \(most recent call last\)|^\w*(Error|Exception)\b|\bError:|error:|^E\s{2,}|"
     r"FAILED\b|^FAIL:|fatal:|No such file or directory|command not found|Permission denied)"
 )
-# Every line _ERROR_LINE finds contains one of these or starts like a pytest failure line, and
-# testing for substrings is linear and fast even in one enormous line, unlike the search.
-_ERROR_WORDS = (
-    "Traceback (most recent call last)",
-    "Error",
-    "Exception",
-    "error:",
-    "FAILED",
-    "FAIL:",
-    "fatal:",
-    "No such file or directory",
-    "command not found",
-    "Permission denied",
+# Every line _ERROR_LINE finds holds a match of this looser pattern (the pytest "E  " only at a
+# line start), so one search of the whole output skips the other lines at C speed. Each branch
+# begins with a letter, which lets the search jump over text that cannot start a match.
+_ERROR_HINT = re.compile(
+    r"Traceback \(most recent call last\)|Error\b|Exception\b|error:|FAILED\b|FAIL:|fatal:|"
+    r"No such file or directory|command not found|Permission denied|"
+    f"E(?<![^{LINE_BREAKS}]E)\\s\\s"
 )
-_PYTEST_FAILURE = re.compile(r"E\s{2,}")
-# A line break as str.splitlines() knows them, or the start: where a pytest failure line begins.
-_PYTEST_FAILURE_ANYWHERE = re.compile(r"(?:^|[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029])E\s\s")
 _EMAIL = re.compile(r"@[\w\-]+\.[A-Za-z]")
 _RETURN_CODE = re.compile(r"<returncode>(-?\d+)</returncode>")
 MAX_ERROR_LINE_CHARS = 240
@@ -140,10 +139,11 @@ def _looks_like_path(candidate: str) -> bool:
 
 def key_argument(arguments: str) -> str:
     """The argument that identifies a call: a command, a path, a query, or the raw text."""
-    try:
-        value: Any = json.loads(arguments) if arguments else {}
-    except (ValueError, RecursionError):
-        return arguments
+    return _key_of(arguments, parse_arguments(arguments))
+
+
+def _key_of(arguments: str, value: Any) -> str:
+    """:func:`key_argument` of arguments already parsed (``value``: None if not JSON)."""
     if isinstance(value, dict):
         for key in (
             "command",
@@ -186,27 +186,21 @@ def argument_strings(arguments: str) -> list[str]:
 def error_lines(output: str, *, limit: int = 3) -> list[str]:
     """The first few error-looking lines of a tool result, verbatim (long lines cut)."""
     lines: list[str] = []
-    if not any(word in output for word in _ERROR_WORDS) and not _PYTEST_FAILURE_ANYWHERE.search(
-        output
-    ):
-        return lines  # no line can match: the common case, decided without splitting lines
-    for line in output.splitlines():
-        if _is_error_line(line):
-            text = line.strip()
-            if len(text) > MAX_ERROR_LINE_CHARS:
-                text = text[: MAX_ERROR_LINE_CHARS - 1] + "…"
-            if text and text not in lines:
-                lines.append(text)
-            if len(lines) >= limit:
-                break
+    for line in _error_lines(output):
+        text = line.strip()
+        if len(text) > MAX_ERROR_LINE_CHARS:
+            text = text[: MAX_ERROR_LINE_CHARS - 1] + "…"
+        if text and text not in lines:
+            lines.append(text)
+        if len(lines) >= limit:
+            break
     return lines
 
 
-def _is_error_line(line: str) -> bool:
-    """``_ERROR_LINE.search(line)``, searched only when the line can match."""
-    if any(word in line for word in _ERROR_WORDS):
-        return _ERROR_LINE.search(line) is not None
-    return _PYTEST_FAILURE.match(line) is not None
+def _error_lines(output: str) -> Iterator[str]:
+    """The lines of ``output`` (as str.splitlines() cuts them) that _ERROR_LINE finds, in order:
+    only the few lines holding an _ERROR_HINT match are cut out and searched."""
+    return (line for line in lines_holding(output, _ERROR_HINT) if _ERROR_LINE.search(line))
 
 
 def _failed(output: str, errors: list[str]) -> bool:
@@ -234,7 +228,8 @@ def _extract_facts(messages: list[Message]) -> Facts:
             result = results.get(call.id)
             output = result.content if result is not None else ""
             errors = error_lines(output)
-            used = call_file_uses(call.name, call.arguments, output)
+            value = parse_arguments(call.arguments)  # once for the files and the key argument
+            used = file_uses(call.name, call.arguments, value, output)
             for path, kind in used:
                 record = records.get(path)
                 if record is None:
@@ -248,7 +243,7 @@ def _extract_facts(messages: list[Message]) -> Facts:
                     index=index,
                     tool=call.name,
                     call_id=call.id,
-                    key_argument=key_argument(call.arguments),
+                    key_argument=_key_of(call.arguments, value),
                     failed=result is not None and _failed(output, errors),
                     error_lines=errors,
                     files=used,

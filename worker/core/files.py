@@ -13,6 +13,7 @@ documented in docs/summaries.md.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 import shlex
@@ -50,7 +51,9 @@ _PATH_KEYS = (
     "destination",
 )
 _PATH_LIST_KEYS = ("paths", "files", "file_paths")
+_ALL_PATH_KEYS = frozenset(_PATH_KEYS + _PATH_LIST_KEYS)
 _WRITE_REDIRECTS = {">", ">>", ">|", "&>", "&>>"}  # ">&" duplicates a descriptor
+_SLASHES = re.compile(r"/{2,}")
 _PATH_CHARS = re.compile(r"[\w@%+,.~/\-]+")
 _EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9_]{0,9}$")
 _FILE_EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,5}$")  # not a dotted name like a.test_x
@@ -59,13 +62,19 @@ _MISSING = re.compile(
     r"No such file or directory|cannot access|can't open file|cannot open|"
     r"does not exist|not found|cannot stat"
 )
+_SYNTAX_ERRORS = ("syntax error", "unexpected EOF while looking for matching")
 _SYNTAX_ERROR = re.compile(
-    r"^(?:bash|sh|zsh)?:?.{0,40}(?:syntax error|unexpected EOF while looking for matching)",
+    r"^(?:bash|sh|zsh)?:?.{0,40}(?:" + "|".join(_SYNTAX_ERRORS) + ")",
     re.MULTILINE,
 )
 _ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=")
 _PATCH_FILE = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+)$", re.MULTILINE)
 _PATCH_MOVE = re.compile(r"^\*\*\* Move to: (.+)$", re.MULTILINE)
+# The line breaks of str.splitlines() (lines_holding cuts the lines it would give).
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_LINE_BREAK = re.compile(f"[{LINE_BREAKS}]")
+# From a position to just past the last line break before the end given to match().
+_TO_LAST_BREAK = re.compile(f".*[{LINE_BREAKS}]", re.DOTALL)
 
 _READERS = {
     "cat",
@@ -150,7 +159,8 @@ def normalize_path(path: str) -> str:
     p = path.strip()
     if p.startswith("file://"):
         p = p[len("file://") :]
-    p = re.sub(r"/{2,}", "/", p)
+    if "//" in p:
+        p = _SLASHES.sub("/", p)
     while "/./" in p:
         p = p.replace("/./", "/")
     while p.startswith("./"):
@@ -482,11 +492,33 @@ def _missing_lines(output: str) -> list[str]:
     """The lines of an output that say something does not exist (searched once a call)."""
     head = output[:SHOWN_CHARS]
     if not any(word in head for word in _MISSING_WORDS):
-        return []
-    return [line for line in head.splitlines() if _MISSING.search(line)][:MAX_MISSING_LINES]
+        return []  # the common case: finding substrings is faster than the search
+    missing = lines_holding(head, _MISSING)
+    return list(itertools.islice(missing, MAX_MISSING_LINES))
 
 
-def _call_arguments(arguments: str) -> Any:
+def lines_holding(text: str, pattern: re.Pattern[str]) -> Iterator[str]:
+    """The lines of ``text`` (as str.splitlines() cuts them) that hold a match of ``pattern``, in
+    order; a match must not begin with a line break.
+
+    One search of the whole text (at C speed) finds them: a Python step for every line of every
+    output cost more than the rest of the facts. Each line is cut once and the text before it
+    scanned once, so the time stays linear even in one enormous line."""
+    done = 0  # the end of the last line given
+    match = pattern.search(text)
+    while match is not None:
+        position = match.start()
+        previous = _TO_LAST_BREAK.match(text, done, position)
+        start = previous.end() if previous is not None else done
+        after = _LINE_BREAK.search(text, position)
+        done = after.start() if after is not None else len(text)
+        yield text[start:done]
+        match = pattern.search(text, done)
+
+
+def parse_arguments(arguments: str) -> Any:
+    """A call's JSON arguments, parsed (None when they are not JSON): pass them to
+    :func:`file_uses` when the caller reads them too, so that they are parsed once."""
     try:
         return json.loads(arguments) if arguments else {}
     except (ValueError, RecursionError):
@@ -516,34 +548,17 @@ def _tool_kind(tool: str, args: dict[str, Any]) -> FileKind:
 def call_file_uses(tool: str, arguments: str, output: str) -> list[tuple[str, FileKind]]:
     """(normalized path, kind) for the files one tool call used, without the ones its output
     reports missing (and none when the shell refused the command)."""
-    if _SYNTAX_ERROR.search(output[:2000]):
+    return file_uses(tool, arguments, parse_arguments(arguments), output)
+
+
+def file_uses(tool: str, arguments: str, value: Any, output: str) -> list[tuple[str, FileKind]]:
+    """:func:`call_file_uses` with the arguments already parsed (``value``, as
+    :func:`parse_arguments` gives it)."""
+    raw = _raw_uses(tool, arguments, value, output)
+    # Most calls use no file: the output is searched only for the calls that do.
+    if not raw or _refused(output[:2000]):
         return []
     missing = _missing_lines(output)
-    value = _call_arguments(arguments)
-    raw: list[tuple[str, FileKind]] = []
-    if isinstance(value, dict):
-        kind = _tool_kind(tool, value)
-        for key in _PATH_KEYS:
-            item = value.get(key)
-            if isinstance(item, str) and plausible_path(item.strip()):
-                raw.append((item.strip(), kind))
-        for key in _PATH_LIST_KEYS:
-            items = value.get(key)
-            if isinstance(items, list):
-                raw.extend((i.strip(), kind) for i in items if isinstance(i, str))
-        command = value.get("command", value.get("cmd"))
-        if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
-            command = command[-1] if command[0] in ("bash", "sh", "zsh") else shlex.join(command)
-        shell = tool.lower() in _SHELL_TOOLS or "shell" in tool.lower() or "bash" in tool.lower()
-        if isinstance(command, str) and (shell or (command and " " in command)):
-            raw.extend(shell_file_uses(command, output))
-        patch = value.get("input", value.get("patch"))
-        if isinstance(patch, str):
-            raw.extend(_patch_uses(patch))
-    elif isinstance(value, str) and tool.lower() in _SHELL_TOOLS:
-        raw.extend(shell_file_uses(value, output))
-    elif value is None and arguments and tool.lower() in _SHELL_TOOLS:
-        raw.extend(shell_file_uses(arguments, output))
     out: list[tuple[str, FileKind]] = []
     for path, kind in raw:
         if not plausible_path(path):
@@ -551,9 +566,55 @@ def call_file_uses(tool: str, arguments: str, output: str) -> list[tuple[str, Fi
         if kind != "created" and any(path in line for line in missing):
             continue
         normal = normalize_path(path)
-        if normal and plausible_path(normal):
+        if normal == path or (normal and plausible_path(normal)):  # most are normal already
             out.append((normal, kind))
     return out
+
+
+def _refused(head: str) -> bool:
+    """The shell's syntax error: looked for only where its words are (the pattern is slow)."""
+    return any(words in head for words in _SYNTAX_ERRORS) and bool(_SYNTAX_ERROR.search(head))
+
+
+def _raw_uses(tool: str, arguments: str, value: Any, output: str) -> list[tuple[str, FileKind]]:
+    """The paths of a call's arguments and command, not yet checked against its output."""
+    name = tool.lower()
+    if isinstance(value, dict):
+        raw = _argument_paths(tool, value)
+        command = value.get("command", value.get("cmd"))
+        if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
+            command = command[-1] if command[0] in ("bash", "sh", "zsh") else shlex.join(command)
+        shell = name in _SHELL_TOOLS or "shell" in name or "bash" in name
+        if isinstance(command, str) and (shell or (command and " " in command)):
+            raw.extend(shell_file_uses(command, output))
+        patch = value.get("input", value.get("patch"))
+        if isinstance(patch, str):
+            raw.extend(_patch_uses(patch))
+        return raw
+    if isinstance(value, str) and name in _SHELL_TOOLS:
+        return shell_file_uses(value, output)
+    if value is None and arguments and name in _SHELL_TOOLS:
+        return shell_file_uses(arguments, output)
+    return []
+
+
+def _argument_paths(tool: str, value: dict[str, Any]) -> list[tuple[str, FileKind]]:
+    """The paths a file tool names in its arguments, with what the tool does to them."""
+    if _ALL_PATH_KEYS.isdisjoint(value):
+        return []  # a shell call
+    paths = [
+        item.strip()
+        for key in _PATH_KEYS
+        if isinstance(item := value.get(key), str) and plausible_path(item.strip())
+    ]
+    for key in _PATH_LIST_KEYS:
+        items = value.get(key)
+        if isinstance(items, list):
+            paths.extend(i.strip() for i in items if isinstance(i, str))
+    if not paths:
+        return []
+    kind = _tool_kind(tool, value)
+    return [(path, kind) for path in paths]
 
 
 def _patch_uses(patch: str) -> list[tuple[str, FileKind]]:
