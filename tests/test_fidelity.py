@@ -254,9 +254,10 @@ def test_the_section_counted_a_line_at_a_time_is_the_exact_count(
     facts = [_fact(k, line) for k, line in enumerate(missing)]
     body = f"{SUMMARY_MARKER}\n{body}"
     limit = count_tokens(body, model) + room
-    text, added = fidelity._append_fitting(body, facts, limit, model)
+    text, added, tokens = fidelity._append_fitting(body, facts, limit, model)
     assert (text, added) == _fitting_by_recounting(body, facts, limit, model)
-    assert not added or count_tokens(text, model) <= limit
+    assert tokens == count_tokens(text, model)
+    assert not added or tokens <= limit
 
 
 def _tokenized_chars(monkeypatch: pytest.MonkeyPatch, model: str) -> list[int]:

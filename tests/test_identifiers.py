@@ -8,11 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from worker.config import Settings
 from worker.core.identifiers import CALLS, OUTPUT, TEXT, code_names, names_in, shown_by
 from worker.pipeline import Adapters, Pipeline
-from worker.summarize import SummaryRequest
-from worker.summarize.digest import CODE_NAMES, OUTPUT_NAMES, DigestSummarizer
+from worker.summarize import SummaryRequest, digest
+from worker.summarize.digest import CODE_NAMES, OUTPUT_NAMES, DigestSummarizer, render_names
+from worker.tokens import count_tokens
 from worker.transcripts.filesystem import FileStore
 from worker.wire.events import CompletedEvent, Summary
 from worker.wire.models import Message, ToolCall
@@ -160,6 +164,43 @@ def test_a_tighter_bound_gives_way_by_value_and_each_name_list_loses_its_last_na
     assert any(printed == 0 and used == len(used_all) for _, printed, used in stages)
     assert stages[-1][2] < len(used_all)
     assert printed_all[0] == "printed_name_199"  # same count and tier: the newest first
+
+
+_LABELS = ["In the agent's commands and edits", "In its notes", "Seen in outputs"]
+_NAME = st.from_regex(r"[A-Za-z_][\w.:/()\-]{0,16}[\w)]?", fullmatch=True)
+_ITEMS = st.lists(st.tuples(st.sampled_from(_LABELS), _NAME), max_size=60)
+
+
+def _largest_fitting(items: list[tuple[str, str]], max_tokens: int, model: str | None) -> int:
+    fitting = [
+        m
+        for m in range(len(items) + 1)
+        if count_tokens(render_names(items[:m]), model) <= max_tokens
+    ]
+    return max(fitting, default=0)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    items=_ITEMS,
+    max_tokens=st.integers(0, 300),
+    model=st.sampled_from([None, "gpt-4"]),
+    grouped=st.booleans(),
+)
+def test_the_names_kept_are_the_longest_prefix_that_fits(
+    items: list[tuple[str, str]], max_tokens: int, model: str | None, grouped: bool
+) -> None:
+    """The search from an estimate keeps what halving the names kept: the most best-ranked
+    names within the bound, counted exactly (each label's names together, as a section lists
+    them, or apart)."""
+    if grouped:
+        items = sorted(items, key=lambda item: _LABELS.index(item[0]))
+    full = render_names(items)
+    text, tokens = digest._fitting_prefix(
+        items, (full, count_tokens(full, model)), max_tokens, model
+    )
+    assert text == render_names(items[: _largest_fitting(items, max_tokens, model)])
+    assert tokens == count_tokens(text, model)
 
 
 def test_names_an_earlier_digest_listed_are_carried_into_the_next() -> None:

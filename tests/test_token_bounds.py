@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from worker.compress.tally import TokenTally, is_split_point
 from worker.tokens import bounds as token_bounds
-from worker.tokens import count_tokens, cut_to_tokens, get_encoding, tokenizer_for
+from worker.tokens import count_prefix, count_tokens, cut_to_tokens, get_encoding, tokenizer_for
 from worker.tokens.bounds import (
     RUN_LIMIT,
     SEGMENT_CHARS,
     bounded_count,
     cut_prefix,
     is_exact,
+    joined_count,
     segments,
     split_points,
     utf8_bytes,
@@ -192,6 +193,59 @@ def test_bounded_count_adds_up_at_split_points(left: str, right: str) -> None:
     if left and right and is_split_point(left, right):
         together = bounded_count(encode, left + right)
         assert together == bounded_count(encode, left) + bounded_count(encode, right)
+
+
+def _joined(encoding: str, left: str, right: str) -> int:
+    encode = get_encoding(encoding).encode_ordinary
+    left_tokens, right_tokens = bounded_count(encode, left), bounded_count(encode, right)
+    return joined_count(encode, left, left_tokens, right, right_tokens)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@settings(deadline=None, max_examples=300)
+@given(left=texts, right=texts)
+def test_a_joined_count_is_tiktokens_count_of_the_joined_text(
+    encoding: str, left: str, right: str
+) -> None:
+    assert _joined(encoding, left, right) == _exact(encoding, left + right)
+
+
+@pytest.mark.usefixtures("tiny_limits")
+@settings(deadline=None, max_examples=300)
+@given(left=texts, right=texts, window=st.integers(1, 12))
+def test_a_joined_count_is_the_bounded_count_near_any_window(
+    left: str, right: str, window: int
+) -> None:
+    """Split points only a few characters from the junction, or none (counted whole), and
+    enormous stretches on either side: still the count of the joined text."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(token_bounds, "JOIN_WINDOW", window)
+        joined = _joined("o200k_base", left, right)
+    assert joined == bounded_count(get_encoding("o200k_base").encode_ordinary, left + right)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@settings(deadline=None, max_examples=300)
+@given(text=texts, data=st.data())
+def test_a_prefix_is_counted_from_the_whole_text(
+    encoding: str, text: str, data: st.DataObject
+) -> None:
+    end = data.draw(st.integers(0, len(text)))
+    model = MODELS[encoding]
+    counted = count_prefix(text, count_tokens(text, model), end, model)
+    assert counted == _exact(encoding, text[:end])
+
+
+def test_a_joined_count_tokenizes_only_around_the_junction() -> None:
+    left = _prose(50_000, seed=3, newlines=True) + "fine:"
+    right = "\n\n## Kept facts\n" + _prose(50_000, seed=4, newlines=True)
+    encode = get_encoding("o200k_base").encode_ordinary
+    counts = bounded_count(encode, left), bounded_count(encode, right)
+    spied, sizes = _spy("o200k_base")
+    assert joined_count(spied, left, counts[0], right, counts[1]) == _exact(
+        "o200k_base", left + right
+    )
+    assert 0 < sum(sizes) <= 4 * token_bounds.JOIN_WINDOW
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from worker.core.facts import argument_strings, extract_facts, fix_of, sources_by_path
 from worker.core.files import CHANGE_KINDS
-from worker.tokens import count_tokens, cut_to_tokens
+from worker.tokens import count_joined, count_tokens, cut_to_tokens
 from worker.wire.events import SUMMARY_MARKER, Fidelity, Summary, SummarySection
 from worker.wire.models import Message
 
@@ -274,26 +274,32 @@ def _with_facts(body: str, lines: list[str]) -> str:
 
 
 def _append_fitting(
-    body: str, missing: list[Fact], limit: int, model: str | None
-) -> tuple[str, list[Fact]]:
+    body: str, missing: list[Fact], limit: int, model: str | None, tokens: int | None = None
+) -> tuple[str, list[Fact], int]:
     """``body`` with as many of ``missing`` (in order) as fit in ``limit`` tokens: each fact
-    whose line, after the lines taken before it, keeps the whole text within the bound.
+    whose line, after the lines taken before it, keeps the whole text within the bound; with the
+    count of the text. ``tokens``: the count of ``body``, when known.
 
     Counted a line at a time, not the whole text once per fact: every line starts with "- "
     right after a line break, a junction where tiktoken always splits
     (:func:`worker.compress.tally.is_split_point`), so the text's tokens are exactly those of
     the body with the heading plus those of each line (with its line break when another
-    follows)."""
-    used = count_tokens(_with_facts(body, []), model)
+    follows). The body itself is counted only when its count is not given (count_joined)."""
+    if tokens is None:
+        tokens = count_tokens(body, model)
+    heading = _with_facts("", [])
+    used = count_joined(body, tokens, heading, count_tokens(heading, model), model)
     lines: list[str] = []
     added: list[Fact] = []
     for fact in missing:
         item = f"- {fact.line}"
-        if used + count_tokens(item, model) <= limit:  # as the last line: no break after it
+        last = count_tokens(item, model)
+        if used + last <= limit:  # as the last line: no break after it
             lines.append(fact.line)
             added.append(fact)
+            tokens = used + last
             used += count_tokens(item + "\n", model)
-    return (_with_facts(body, lines) if lines else body), added
+    return (_with_facts(body, lines) if lines else body), added, tokens
 
 
 def _left_out(missing: list[Fact], added: list[Fact]) -> list[Fact]:
@@ -316,9 +322,11 @@ def ensure(
     *,
     limit: int,
     model: str | None,
+    tokens: int | None = None,
 ) -> Summary:
     """The summary checked against ``facts``, repaired within ``limit`` tokens, with its
-    ``fidelity``."""
+    ``fidelity``. ``tokens``: the count of ``summary.text`` for ``model`` when the caller has it
+    (a summarizer's own), so that it is not counted again."""
     text = summary.text
     missing = missing_facts(facts, text, carried)
     score = 1 - len(missing) / len(facts) if facts else 1.0
@@ -326,7 +334,7 @@ def ensure(
     truncated = summary.truncated
     added: list[Fact] = []
     if missing:
-        text, added = _append_fitting(summary.text, missing, limit, model)
+        text, added, tokens = _append_fitting(summary.text, missing, limit, model, tokens)
         if len(added) < len(missing):
             # Make room: cut the end of the summary, to no less than half the bound, and check
             # again (the cut may have removed facts that were there).
@@ -336,11 +344,11 @@ def ensure(
             if cut and body.startswith(SUMMARY_MARKER):
                 body = body.rstrip() + "\n…"
                 again = missing_facts(facts, body, carried)
-                candidate, more = _append_fitting(body, again, limit, model)
+                candidate, more, counted = _append_fitting(body, again, limit, model)
                 before = _standing(facts, _left_out(missing, added))
                 if _standing(facts, _left_out(again, more)) > before:
                     text, missing, added, truncated = candidate, again, more, True
-                    kept = len(facts) - len(again)
+                    kept, tokens = len(facts) - len(again), counted
     dropped = Counter(f.kind for f in _left_out(missing, added))
     fidelity = Fidelity(
         checked=len(facts),
@@ -356,7 +364,7 @@ def ensure(
     return summary.model_copy(
         update={
             "text": text,
-            "tokens": count_tokens(text, model),
+            "tokens": count_tokens(text, model) if tokens is None else tokens,
             "truncated": truncated,
             "fidelity": fidelity,
             "sections": sections,

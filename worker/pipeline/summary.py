@@ -73,7 +73,10 @@ def summarize(
         limit = request.max_output_tokens
         if summary.source == "llm":  # never longer than what it replaces, as llm.py enforces
             limit = min(limit, request.source_tokens)
-        summary = fidelity.ensure(summary, facts, carried, limit=limit, model=request.model)
+        # Both summarizers count their text for request.model: not counted again.
+        summary = fidelity.ensure(
+            summary, facts, carried, limit=limit, model=request.model, tokens=summary.tokens
+        )
         if summary.source == "llm":  # the digest says what it drew from; the LLM's is read
             summary = provenance.attribute(summary, provenance.anchors(facts, request.messages))
             summary = with_missing_items(summary, request.must_keep, limit, request.model)

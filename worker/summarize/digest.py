@@ -13,8 +13,11 @@ names the agent used are the last to be cut.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
+from itertools import pairwise
+from typing import NamedTuple
 
 from worker.core.facts import (
     Facts,
@@ -29,7 +32,7 @@ from worker.core.files import CHANGE_KINDS
 from worker.core.identifiers import CALLS, OUTPUT, TEXT, USER, code_names, shown_by
 from worker.summarize import SUMMARY_MARKER, SummaryRequest
 from worker.summarize.prompt import without_bytes
-from worker.tokens import count_tokens, cut_to_tokens
+from worker.tokens import count_joined, count_prefix, count_tokens, cut_to_tokens
 from worker.wire.events import Summary, SummarySection
 from worker.wire.media import placeholders
 from worker.wire.models import Message
@@ -46,6 +49,7 @@ class _Section:
     sources: list[str]  # ids of the messages it was drawn from (a cut keeps them all)
     priority: int  # lower is cut first
     ranked: bool = False  # lines of items, best first: a cut drops the last items
+    tokens: int | None = None  # the count of ``body`` once counted (reset with a new body)
 
 
 class DigestSummarizer:
@@ -438,29 +442,28 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
     """Shrink the least important sections until the digest fits the output bound: the text,
     its token count and whether anything was cut."""
     limit, model = request.max_output_tokens, request.model
-    text = _render(header, sections)
-    total = count_tokens(text, model)
+    total = _rendered_tokens(header, sections, model)
     exact, truncated = True, False
     for section in sorted(sections, key=lambda s: s.priority):
         if total <= limit:
             break
-        own = count_tokens(section.body, model)
+        own = _tokens(section, model)
         keep = max(own - (total - limit) - 8, 0)
         if section.ranked:
-            section.body = _best_names(section.body, keep, model)
+            section.body, section.tokens = _best_names(section.body, own, keep, model)
         else:
             section.body = _head_tail(section.body, keep, model) if keep >= 24 else ""
+            section.tokens = None
         truncated = True
-        # The whole is counted again only once the sections' own counts say it may fit (they
-        # add up to the whole's within a few tokens at the joins).
-        total += count_tokens(section.body, model) - own
+        # The sections' own counts add up to the whole's within a few tokens at the joins; the
+        # whole's exact count is taken once they say it may fit (only the joins are tokenized).
+        total += _tokens(section, model) - own
         exact = total <= limit
         if exact:
-            text = _render(header, sections)
-            total = count_tokens(text, model)
+            total = _rendered_tokens(header, sections, model)
     if not exact:
-        text = _render(header, sections)
-        total = count_tokens(text, model)
+        total = _rendered_tokens(header, sections, model)
+    text = _render(header, sections)
     if total > limit:
         text, _ = cut_to_tokens(text, limit, model)
         total = count_tokens(text, model)
@@ -468,23 +471,120 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
     return text, total, truncated
 
 
-def _best_names(body: str, max_tokens: int, model: str | None) -> str:
-    """The best ranked names of a names section that fit ``max_tokens`` (they come in rank
-    order, so the ones dropped are the least likely to be needed)."""
+def _tokens(section: _Section, model: str | None) -> int:
+    if section.tokens is None:
+        section.tokens = count_tokens(section.body, model)
+    return section.tokens
+
+
+def _rendered_tokens(header: str, sections: list[_Section], model: str | None) -> int:
+    """``count_tokens(_render(header, sections), model)``, each body tokenized once however often
+    the whole is counted: every section starts a line with "## ", where tiktoken always splits,
+    so the whole is the sum of its parts (each with the blank line after it), and a part is its
+    body's count plus what its heading and that blank line add where they meet it."""
+    shown = [s for s in sections if s.body]
+    total = count_tokens(f"{header}\n\n" if shown else header, model)
+    blank = count_tokens("\n\n", model)
+    for k, section in enumerate(shown):
+        heading = f"## {section.title}\n"
+        tokens = count_tokens(heading, model)
+        part = count_joined(heading, tokens, section.body, _tokens(section, model), model)
+        if k < len(shown) - 1:
+            part = count_joined(heading + section.body, part, "\n\n", blank, model)
+        total += part
+    return total
+
+
+def _best_names(body: str, body_tokens: int, max_tokens: int, model: str | None) -> tuple[str, int]:
+    """The best ranked names of a names section that fit ``max_tokens``, with their count (they
+    come in rank order, so the ones dropped are the least likely to be needed). ``body_tokens``:
+    the count of ``body``."""
     items = [
         (match.group(1), name)
         for line in body.splitlines()
         if (match := _NAMES_LINE.match(line))
         for name in match.group(2).split()
     ]
-    low, high = 0, len(items)  # the most items known to fit, the fewest known not to
-    while low < high:
-        middle = (low + high + 1) // 2
-        if count_tokens(render_names(items[:middle]), model) <= max_tokens:
-            low = middle
+    return _fitting_prefix(items, (body, body_tokens), max_tokens, model)
+
+
+class _Prefix(NamedTuple):
+    """The rendering of the first ``size`` names and its count."""
+
+    size: int
+    text: str
+    tokens: int
+
+
+def _fitting_prefix(
+    items: list[tuple[str, str]], counted: tuple[str, int], max_tokens: int, model: str | None
+) -> tuple[str, int]:
+    """``render_names(items[:m])`` for the largest ``m`` whose count is within ``max_tokens``
+    (``m`` = 0 when none is), with that count; ``counted``: a text and its count, used when it
+    is the rendering of all the items.
+
+    Counts grow with ``m``, so the largest fitting ``m`` lies between a prefix known to fit and
+    one known not to; each probe is where the count reaches the bound by linear interpolation in
+    characters between the two, and is counted from the nearer of them (only the names between
+    are tokenized), so a search takes about one count of the text kept instead of one per
+    halving."""
+    full = render_names(items)
+    tokens = counted[1] if full == counted[0] else count_tokens(full, model)
+    if tokens <= max_tokens:
+        return full, tokens
+    lengths = _rendered_lengths(items)
+    labels = [label for label, _ in items]
+    # When each label's names come together (as parsed from a section, a line each), a prefix of
+    # the items renders as a prefix of the whole: cut, not rendered again.
+    together = len({*labels}) == 1 + sum(a != b for a, b in pairwise(labels))
+    low, high = _Prefix(0, "", 0), _Prefix(len(items), full, tokens)
+    while high.size - low.size > 1:
+        middle = _interpolated(low, high, lengths, max_tokens)
+        text = full[: lengths[middle]] if together else render_names(items[:middle])
+        probe = _counted_prefix(text, middle, low, high, model)
+        if probe.tokens <= max_tokens:
+            low = probe
         else:
-            high = middle - 1
-    return render_names(items[:low])
+            high = probe
+    return low.text, low.tokens
+
+
+def _rendered_lengths(items: list[tuple[str, str]]) -> list[int]:
+    """``len(render_names(items[:m]))`` for every ``m``: a name adds itself and a space, or, the
+    first of its label, a line of its own."""
+    lengths, labels = [0], set[str]()
+    for label, name in items:
+        if label in labels:
+            lengths.append(lengths[-1] + 1 + len(name))
+        else:
+            line_break = 1 if labels else 0
+            lengths.append(lengths[-1] + line_break + len(label) + 2 + len(name))
+            labels.add(label)
+    return lengths
+
+
+def _interpolated(low: _Prefix, high: _Prefix, lengths: list[int], max_tokens: int) -> int:
+    """The number of items at which the count reaches ``max_tokens``, estimated linearly in
+    characters between two counted prefixes; strictly between them."""
+    share = (max_tokens - low.tokens) / (high.tokens - low.tokens)
+    chars = lengths[low.size] + share * (lengths[high.size] - lengths[low.size])
+    return min(max(bisect_right(lengths, chars) - 1, low.size + 1), high.size - 1)
+
+
+def _counted_prefix(
+    text: str, size: int, low: _Prefix, high: _Prefix, model: str | None
+) -> _Prefix:
+    """``text``, the rendering of ``size`` items, with its count: from the nearer of the counted
+    renderings that it extends or starts (one does when each label's names come together),
+    else counted whole."""
+    if len(text) - len(low.text) <= len(high.text) - len(text) and text.startswith(low.text):
+        added = text[len(low.text) :]
+        tokens = count_joined(low.text, low.tokens, added, count_tokens(added, model), model)
+    elif high.text.startswith(text):
+        tokens = count_prefix(high.text, high.tokens, len(text), model)
+    else:
+        tokens = count_tokens(text, model)
+    return _Prefix(size, text, tokens)
 
 
 def _head_tail(text: str, max_tokens: int, model: str | None) -> str:

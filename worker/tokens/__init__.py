@@ -9,6 +9,7 @@ we only decide where the bytes come from. Nothing here touches the network.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import math
@@ -24,7 +25,7 @@ import tiktoken
 
 from worker.cache import ContentCache, FrontCache, Recorder, content_key
 from worker.errors import TokenizerUnavailable
-from worker.tokens.bounds import bounded_count, cut_prefix
+from worker.tokens.bounds import bounded_count, cut_prefix, joined_count, junction_tokens
 
 DEFAULT_ENCODING = "o200k_base"
 
@@ -91,6 +92,9 @@ def _shipped_rank_file(name: str) -> bytes:
         raise TokenizerUnavailable(f"no shipped rank file for {name}: {exc}") from exc
 
 
+# Asked for every count: tiktoken's lookup walks its table of model prefixes (and raises for a
+# model it does not know), which costs more than counting a short text.
+@functools.lru_cache(maxsize=256)
 def encoding_name_for_model(model: str | None) -> str:
     """o200k_base for gpt-4o/4.1/5 and o-series, cl100k_base for gpt-4/3.5, o200k_base otherwise."""
     if not model:
@@ -135,6 +139,26 @@ def count_tokens(text: str, model: str | None = None) -> int:
     for a text with an enormous pre-token, bounded from above (:mod:`worker.tokens.bounds`)."""
     enc = get_encoding(encoding_name_for_model(model))
     return bounded_count(enc.encode_ordinary, text)
+
+
+def count_joined(
+    left: str, left_tokens: int, right: str, right_tokens: int, model: str | None = None
+) -> int:
+    """``count_tokens(left + right, model)`` from both sides' counts: only the text around the
+    junction is tokenized again (:func:`worker.tokens.bounds.joined_count`)."""
+    enc = get_encoding(encoding_name_for_model(model))
+    return joined_count(enc.encode_ordinary, left, left_tokens, right, right_tokens)
+
+
+def count_prefix(text: str, tokens: int, end: int, model: str | None = None) -> int:
+    """``count_tokens(text[:end], model)`` from ``tokens``, the count of ``text``: what is cut off
+    and the text around the cut are tokenized, not the prefix (cheap for a short cut)."""
+    encode = get_encoding(encoding_name_for_model(model)).encode_ordinary
+    head, rest = text[:end], text[end:]
+    extra = junction_tokens(encode, head, rest)
+    if extra is None:
+        return bounded_count(encode, head)
+    return tokens - bounded_count(encode, rest) - extra
 
 
 def estimate_tokens(text: str) -> int:

@@ -39,6 +39,8 @@ Encode = Callable[[str], Sequence[int]]  # e.g. tiktoken.Encoding.encode_ordinar
 SEGMENT_CHARS = 64 * 1024
 # A stretch without a split point longer than this is bounded by its UTF-8 bytes, not merged.
 RUN_LIMIT = 256 * 1024
+# How far from a junction :func:`joined_count` looks for split points (a few words or a line).
+JOIN_WINDOW = 256
 
 # Split points, as the end of a match (the character before it, then a lookahead at the one
 # after), one alternative per rule of tally.is_split_point:
@@ -115,6 +117,64 @@ def bounded_count(encode: Encode, text: str) -> int:
         piece = text[start:end]
         total += len(encode(piece)) if exact else utf8_bytes(piece)
     return total
+
+
+def junction_tokens(encode: Encode, left: str, right: str) -> int | None:
+    """What joining adds to the counts of both sides: ``bounded_count(left + right)`` minus
+    ``bounded_count(left) + bounded_count(right)``, from the text around the junction alone;
+    None when there is no split point near it (an enormous pre-token there).
+
+    Nothing when the junction is a split point. Otherwise the text from the last split point of
+    ``left`` to the first one of ``right`` (or a whole side, when short) is counted together and
+    apart: a split point of either side alone is one of the joined text too (its rules look at
+    most to the end of its line, and the side already has a visible character there), so the
+    counts add up everywhere else.
+    """
+    if not left or not right:
+        return 0
+    end_of_left = left[-2:]  # as far back as the rules look
+    if _CUT.match(end_of_left + right[:JOIN_WINDOW], len(end_of_left) - 1):
+        return 0
+    start, end = _last_split(left), _first_split(right)
+    if start is None or end is None:
+        return None
+    tail, head = left[start:], right[:end]
+    together = bounded_count(encode, tail + head)
+    return together - bounded_count(encode, tail) - bounded_count(encode, head)
+
+
+def _last_split(text: str) -> int | None:
+    """The last split point of ``text`` within :data:`JOIN_WINDOW` characters of its end (looked
+    for in a short end first: one is usually a word away), or its start when it is that short."""
+    size = min(16, JOIN_WINDOW)
+    while True:
+        start = max(len(text) - size, 0)
+        points = split_points(text, start)
+        if points:
+            return points[-1]
+        if start == 0:
+            return 0
+        if size >= JOIN_WINDOW:
+            return None
+        size *= 4
+
+
+def _first_split(text: str) -> int | None:
+    """The first split point of ``text`` within :data:`JOIN_WINDOW` characters of its start, or its
+    end when it is that short."""
+    found = _CUT.search(text, 0, min(len(text), JOIN_WINDOW))
+    if found is not None and found.end() < len(text):
+        return found.end()
+    return len(text) if len(text) <= JOIN_WINDOW else None
+
+
+def joined_count(encode: Encode, left: str, left_tokens: int, right: str, right_tokens: int) -> int:
+    """``bounded_count(encode, left + right)`` from the counts of both sides, tokenizing only the
+    text around where they meet (:func:`junction_tokens`), or the whole when that cannot."""
+    extra = junction_tokens(encode, left, right)
+    if extra is None:
+        return bounded_count(encode, left + right)
+    return left_tokens + right_tokens + extra
 
 
 def is_exact(text: str) -> bool:
