@@ -96,8 +96,11 @@ def _probe(text: str) -> str:
     return cut[:space] if space > 0 else cut
 
 
+_THOUGHT = re.compile(r"^\s*THOUGHT:\s*", re.IGNORECASE)
+
+
 def strip_thought(text: str) -> str:
-    return re.sub(r"^\s*THOUGHT:\s*", "", text.strip(), flags=re.IGNORECASE).strip()
+    return _THOUGHT.sub("", text.strip()).strip()
 
 
 def is_conclusion(text: str) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import NamedTuple
@@ -352,15 +353,13 @@ def _latest_state(messages: list[Message], facts: Facts) -> tuple[str, list[str]
     """The agent's last substantive conclusion (not a mere "let me look at X"), the result of
     the last call, and the open next step when the agent said one after its conclusion; drawn
     from those messages."""
-    texts = [
-        (i, strip_thought(without_bytes(m.content)))
-        for i, m in enumerate(messages)
-        if m.role == "assistant" and m.content.strip()
-    ]
-    texts = [(i, t) for i, t in texts if t]
-    conclusion = next(((i, t) for i, t in reversed(texts) if is_conclusion(t)), None)
-    if conclusion is None and texts:
-        conclusion = texts[-1]
+    newest = conclusion = None
+    for said in _assistant_texts_newest_first(messages):
+        newest = newest or said
+        if is_conclusion(said[1]):
+            conclusion = said
+            break
+    conclusion = conclusion or newest
     lines = []
     sources: list[str] = []
     if conclusion is not None:
@@ -374,10 +373,21 @@ def _latest_state(messages: list[Message], facts: Facts) -> tuple[str, list[str]
             f"Last call: {last.tool} `{_one_line(last.key_argument, 120)}` -> {outcome}{detail}"
         )
         sources.extend(last.message_ids)
-    if texts and conclusion is not None and texts[-1][0] > conclusion[0]:
-        lines.append(f"Next step: {_one_line(texts[-1][1], 300)}")
-        sources.append(messages[texts[-1][0]].id)
+    if newest is not None and conclusion is not None and newest[0] > conclusion[0]:
+        lines.append(f"Next step: {_one_line(newest[1], 300)}")
+        sources.append(messages[newest[0]].id)
     return "\n".join(lines), sources
+
+
+def _assistant_texts_newest_first(messages: list[Message]) -> Iterator[tuple[int, str]]:
+    """(position, text) of each assistant message that says something, newest first: made
+    only as far back as the latest state looks (its conclusion is usually a few turns back)."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.role == "assistant" and m.content.strip():
+            text = strip_thought(without_bytes(m.content))
+            if text:
+                yield i, text
 
 
 def _cut(text: str, limit: int) -> str:
