@@ -474,6 +474,10 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
     if not exact:
         total = _rendered_tokens(header, sections, model)
     text = _render(header, sections)
+    if total <= limit:
+        # What is published is counted whole (within the bound, so cheap): the sections' sum
+        # decides the cuts, the text itself the count a reader is told.
+        total = count_tokens(text, model)
     if total > limit:
         text, _ = cut_to_tokens(text, limit, model)
         total = count_tokens(text, model)
