@@ -408,16 +408,15 @@ def anthropic_session(turns: int) -> dict[str, Any]:
     }
 
 
-def test_a_summary_carrying_a_kept_call_still_opens_an_anthropic_history_with_the_task(
-    tmp_path: Path,
-) -> None:
-    """A kept tool's call is carried; on Anthropic's wire it would open the compacted history
-    (refused by the Messages API): the task is carried before it."""
-    snap = anthropic_session(20)
-    snap["messages"][1]["content"][1]["name"] = "plan"  # the first call: a tool to keep
-    # A newer user turn in the range (carried as the newest), after that call's result.
+def _summarized_keeping_the_first_call(
+    snap: dict[str, Any], root: Path
+) -> tuple[CompletedEvent, list[dict[str, Any]]]:
+    """``snap`` with its first call a tool to keep and a newer user turn in the range (carried
+    as the newest, after that call's result), summarized by the digest: the event and the
+    history with it applied (its calls answered)."""
+    snap["messages"][1]["content"][1]["name"] = "plan"
     snap["messages"].insert(11, {"role": "user", "content": "Also check the docs."})
-    adapters = Adapters(store=FileStore(tmp_path), digest=DigestSummarizer())
+    adapters = Adapters(store=FileStore(root), digest=DigestSummarizer())
     settings = Settings(
         compaction={"mode": "local_only", "preserve_recent_user_tokens": 0},
         tools={"plan": {"compaction": "keep"}},
@@ -427,6 +426,16 @@ def test_a_summary_carrying_a_kept_call_still_opens_an_anthropic_history_with_th
     assert isinstance(event, CompletedEvent), event
     applied = apply_compaction(snap["messages"], event)
     anthropic_pairs_intact(applied)
+    return event, applied
+
+
+def test_a_summary_carrying_a_kept_call_still_opens_an_anthropic_history_with_the_task(
+    tmp_path: Path,
+) -> None:
+    """A kept tool's call is carried; on Anthropic's wire it would open the compacted history
+    (refused by the Messages API): the task is carried before it."""
+    snap = anthropic_session(20)
+    event, applied = _summarized_keeping_the_first_call(snap, tmp_path)
     assert applied[0] == snap["messages"][0]  # the task, as it was
     assert [b["type"] for b in applied[1]["content"]] == ["tool_use"]  # the kept call
     assert applied[1]["content"][0]["name"] == "plan"
@@ -450,18 +459,7 @@ def test_a_kept_call_with_only_an_earlier_summary_before_it_is_summarized_not_le
     """No user turn in the range can lead the kept call on Anthropic's wire: rather than a
     history the Messages API refuses, the call is summarized, and the newest user turn leads."""
     snap = _after_an_earlier_summary(anthropic_session(20))
-    snap["messages"][1]["content"][1]["name"] = "plan"  # the first call: a tool to keep
-    snap["messages"].insert(11, {"role": "user", "content": "Also check the docs."})
-    adapters = Adapters(store=FileStore(tmp_path), digest=DigestSummarizer())
-    settings = Settings(
-        compaction={"mode": "local_only", "preserve_recent_user_tokens": 0},
-        tools={"plan": {"compaction": "keep"}},
-    )
-    pipeline = Pipeline(settings, adapters, Reuse())
-    event = pipeline.run(pipeline.parse(json.dumps(snap).encode()))[-1]
-    assert isinstance(event, CompletedEvent), event
-    applied = apply_compaction(snap["messages"], event)
-    anthropic_pairs_intact(applied)
+    event, applied = _summarized_keeping_the_first_call(snap, tmp_path)
     assert applied[0] == {"role": "user", "content": "Also check the docs."}
     assert "toolu_0" not in json.dumps(applied)  # the kept call went to the summary
     # Without wire ids, a message's id starts with its position: only the newest user turn
