@@ -453,7 +453,7 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
     its token count and whether anything was cut."""
     limit, model = request.max_output_tokens, request.model
     total = _rendered_tokens(header, sections, model)
-    exact, truncated = True, False
+    truncated = False
     for section in sorted(sections, key=lambda s: s.priority):
         if total <= limit:
             break
@@ -468,16 +468,12 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
         # The sections' own counts add up to the whole's within a few tokens at the joins; the
         # whole's exact count is taken once they say it may fit (only the joins are tokenized).
         total += _tokens(section, model) - own
-        exact = total <= limit
-        if exact:
+        if total <= limit:
             total = _rendered_tokens(header, sections, model)
-    if not exact:
-        total = _rendered_tokens(header, sections, model)
+    # What is published is counted whole (cut to the bound by now, so cheap): the sections'
+    # counts decide the cuts, the text itself the count a reader is told.
     text = _render(header, sections)
-    if total <= limit:
-        # What is published is counted whole (within the bound, so cheap): the sections' sum
-        # decides the cuts, the text itself the count a reader is told.
-        total = count_tokens(text, model)
+    total = count_tokens(text, model)
     if total > limit:
         text, _ = cut_to_tokens(text, limit, model)
         total = count_tokens(text, model)
