@@ -306,12 +306,10 @@ def needs_user_lead(messages: list[Message], start: int, kept: list[Message]) ->
 
 
 def user_lead(messages: list[Message], start: int, end: int, kept: list[Message]) -> Message | None:
-    """The user turn to put before ``kept`` (what stays of the wire range ``start..end``) when
-    it would otherwise open the history with another role (:func:`needs_user_lead`): the
-    newest one of the range before it that says something (not empty, not an earlier summary
-    or a reduction's marker). None when no lead is needed or there is no such turn."""
-    if not needs_user_lead(messages, start, kept):
-        return None
+    """The user turn to put before ``kept`` (what stays of the wire range ``start..end``) where
+    it would otherwise open the history with another role (:func:`needs_user_lead`, which the
+    caller asked): the newest one of the range before it that says something (not empty, not an
+    earlier summary or a reduction's marker). None when there is no such turn."""
     ranged = [m for m in messages if start <= m.source_index < end]
     position = next((k for k, m in enumerate(ranged) if m.id == kept[0].id), 0)
     return next((m for m in reversed(ranged[:position]) if _a_user_turn(m)), None)
