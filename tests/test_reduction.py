@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -496,38 +497,85 @@ def test_each_strategy_on_an_anthropic_history(tmp_path: Path, reduction: str) -
     assert c.tokens_after < c.tokens_before
 
 
+class _AnthropicDay:
+    """300 turns of an Anthropic agent (a call, its result) after ``first``, each compaction
+    applied as it comes and the worker's pipeline replaced midway (a restart: nothing kept in
+    memory)."""
+
+    def __init__(
+        self, root: Path, settings: Settings, first: dict[str, Any], tool_of: Callable[[int], str]
+    ) -> None:
+        self.root, self.settings, self.first, self.tool_of = root, settings, first, tool_of
+        self.compactions = 0
+
+    def turns(self) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """After each turn: the turn and the history the agent holds."""
+        snap = anthropic_session(0)
+        snap["model"]["context_window"] = 6000
+        history: list[dict[str, Any]] = [self.first]
+        runner = self._pipeline()
+        for turn in range(300):
+            if turn == 150:
+                runner = self._pipeline()
+            use = {"type": "tool_use", "id": f"toolu_{turn}", "name": self.tool_of(turn)}
+            use["input"] = {"n": turn}
+            body = " ".join(f"w{turn}_{i}" for i in range(120))
+            result = {"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": body}
+            history += [
+                {"role": "assistant", "content": [{"type": "text", "text": f"Step {turn}."}, use]},
+                {"role": "user", "content": [result]},
+            ]
+            sent = {**snap, "revision": turn + 1, "messages": history}
+            for event in runner.run(runner.parse(json.dumps(sent).encode())):
+                if isinstance(event, CompletedEvent):
+                    history = apply_compaction(history, event)
+                    self.compactions += 1
+            yield turn, history
+
+    def _pipeline(self) -> Pipeline:
+        return Pipeline(self.settings, Adapters(store=FileStore(self.root)), Reuse())
+
+
 @pytest.mark.parametrize("reduction", ["summary", "truncation"])
 def test_300_anthropic_turns_always_open_with_the_task(tmp_path: Path, reduction: str) -> None:
     """A working day of an Anthropic agent, each compaction applied as it comes and the
     worker's pipeline replaced midway (a restart: nothing kept in memory): every history the
     agent ends up with opens with the task, its calls answered, and stays bounded."""
-    snap = anthropic_session(0)
-    snap["model"]["context_window"] = 6000
-    history: list[dict[str, Any]] = list(snap["messages"][:1])
-    task = history[0]
+    task = anthropic_session(0)["messages"][0]
     settings = Settings(compaction={"reduction": reduction, "reduction_max_messages": 12})
-
-    def pipeline() -> Pipeline:
-        return Pipeline(settings, Adapters(store=FileStore(tmp_path)), Reuse())
-
-    runner, compactions, peak = pipeline(), 0, 0
-    for turn in range(300):
-        if turn == 150:
-            runner = pipeline()
-        use = {"type": "tool_use", "id": f"toolu_{turn}", "name": "bash", "input": {"n": turn}}
-        body = " ".join(f"w{turn}_{i}" for i in range(120))
-        result = {"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": body}
-        history += [
-            {"role": "assistant", "content": [{"type": "text", "text": f"Step {turn}."}, use]},
-            {"role": "user", "content": [result]},
-        ]
-        sent = {**snap, "revision": turn + 1, "messages": history}
-        for event in runner.run(runner.parse(json.dumps(sent).encode())):
-            if isinstance(event, CompletedEvent):
-                history = apply_compaction(history, event)
-                compactions += 1
+    day, peak = _AnthropicDay(tmp_path, settings, task, lambda _: "bash"), 0
+    for turn, history in day.turns():
         assert history[0] == task, turn
         anthropic_pairs_intact(history)
         peak = max(peak, len(json.dumps(history)))
-    assert compactions >= 20
+    assert day.compactions >= 20
     assert peak < 60_000  # bounded: 300 turns hold about 300 KB uncompacted
+
+
+def _every_7th_kept(turn: int) -> str:
+    return "plan" if turn % 7 == 0 else "bash"
+
+
+@pytest.mark.parametrize("reduction", ["summary", "truncation"])
+def test_300_anthropic_turns_after_only_a_summary_always_open_with_a_user_turn(
+    tmp_path: Path, reduction: str
+) -> None:
+    """The same day when the history holds no task, only an earlier summary, and every seventh
+    call is a tool to keep: no user turn can ever lead a carried call, and still every history
+    opens with a user turn that is not a tool's result, its calls answered, and stays bounded."""
+    earlier = {"role": "user", "content": f"{SUMMARY_MARKER}\nThe parser is fixed."}
+    settings = Settings(
+        compaction={"reduction": reduction, "reduction_max_messages": 12},
+        tools={"plan": {"compaction": "keep"}},
+    )
+    day, peak = _AnthropicDay(tmp_path, settings, earlier, _every_7th_kept), 0
+    for turn, history in day.turns():
+        opening = history[0]
+        assert opening["role"] == "user", turn
+        assert isinstance(opening["content"], str) or all(
+            block["type"] != "tool_result" for block in opening["content"]
+        ), turn
+        anthropic_pairs_intact(history)
+        peak = max(peak, len(json.dumps(history)))
+    assert day.compactions >= 15  # truncation makes fewer, larger cuts here (17)
+    assert peak < 60_000
