@@ -83,7 +83,7 @@ class CodeName:
     text: str
     tier: int
     count: int = 0
-    last: int = 0  # where its tier's texts held it last (comparable within a tier)
+    last: int = 0  # how late its tier's texts held it last (an order, within a tier only)
 
     def rank(self) -> tuple[int, int, int, str]:
         return (self.tier, -min(self.count, 8), -self.last, self.text)
@@ -108,18 +108,18 @@ def _code_names(messages: list[Message]) -> list[CodeName]:
         by_tier.setdefault(tier, []).append(text)
     for tier, texts in sorted(by_tier.items()):
         text = "\n".join(texts)
-        tokens = _tokens(text)
-        counts = Counter(tokens)
+        # Counted from the end, so that the tokens come in the order in which the text holds
+        # them last: a token's recency is where it comes in that order (no position list).
+        counts = Counter(reversed(_tokens(text)))
         new = counts.keys() - known.keys()
         known.update(dict.fromkeys(new, ()))
         known.update((token, _token_names(token.decode("ascii"))) for token in _shaped(new))
-        named = [token for token in counts if known[token]]
-        last = _last_positions(tokens, named)
-        for token in named:
+        latest = len(counts)  # later than every token: where the definitions count as seen
+        for order, token in enumerate(counts):
             for name in known[token]:
-                _seen(found, name, tier, counts[token], last[token])
+                _seen(found, name, tier, counts[token], latest - 1 - order)
         for name in _defined(text):
-            _seen(found, name, tier, 1, len(tokens))
+            _seen(found, name, tier, 1, latest)
     return sorted(found.values(), key=CodeName.rank)
 
 
@@ -127,14 +127,6 @@ def _shaped(tokens: Iterable[bytes]) -> list[bytes]:
     """The tokens that may hold a name: all but words, numbers, capitalized words and acronyms
     (most tokens), told apart by one regex over them all rather than a call each."""
     return _NOT_PLAIN.findall(b"\n".join(tokens))
-
-
-def _last_positions(tokens: list[bytes], wanted: list[bytes]) -> dict[bytes, int]:
-    """Where each of ``wanted`` is seen last in ``tokens``."""
-    if not wanted:
-        return {}
-    last = dict(zip(tokens, range(len(tokens)), strict=True))
-    return {token: last[token] for token in wanted}
 
 
 def _seen(found: dict[str, CodeName], name: str, tier: int, count: int, position: int) -> None:
