@@ -19,15 +19,14 @@ names under three characters are never names worth a token.
 from __future__ import annotations
 
 import builtins
-import json
 import keyword
 import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
+from worker.core.facts import argument_strings
 from worker.core.last_answer import LastAnswer
 from worker.wire.models import Message
 
@@ -73,7 +72,6 @@ _NEVER = frozenset(
 _NOT_HEADS = frozenset(["self", "cls", "this"])
 MIN_NAME = 3
 MAX_NAME_CHARS = 120
-MAX_ARGUMENT_DEPTH = 20
 
 
 @dataclass
@@ -222,30 +220,11 @@ def _texts(messages: Iterable[Message]) -> Iterator[tuple[int, str]]:
         if m.role == "assistant":
             yield TEXT, m.content
             for call in m.tool_calls:
-                yield from ((CALLS, s) for s in _argument_strings(call.arguments))
+                yield from ((CALLS, s) for s in argument_strings(call.arguments))
         elif m.role == "tool":
             yield OUTPUT, m.content
         elif m.role == "user":
             yield USER, m.content
-
-
-def _argument_strings(arguments: str) -> list[str]:
-    """The string values of a call's JSON arguments (the raw text when it is not JSON)."""
-    try:
-        value: Any = json.loads(arguments) if arguments else {}
-    except (ValueError, RecursionError):
-        return [arguments]
-    out: list[str] = []
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            out.append(item)
-        elif depth < MAX_ARGUMENT_DEPTH and isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in reversed(item.values()))
-        elif depth < MAX_ARGUMENT_DEPTH and isinstance(item, list):
-            stack.extend((v, depth + 1) for v in reversed(item))
-    return out
 
 
 def _is_path(text: str) -> bool:
