@@ -203,6 +203,38 @@ def test_the_names_kept_are_the_longest_prefix_that_fits(
     assert tokens == count_tokens(text, model)
 
 
+_TEXT = st.lists(
+    st.sampled_from([*"ab Z9_./:#(-'", "\n", "\n\n", "  ", "é", "日本", "## ", "\t", "x" * 40]),
+    max_size=120,
+).map("".join)
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    texts=st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool"]), _TEXT), max_size=8),
+    commands=st.lists(_TEXT, max_size=4),
+    bound=st.integers(30, 600),
+    model=st.sampled_from([None, "gpt-4"]),
+)
+def test_a_digest_reports_its_own_exact_count(
+    texts: list[tuple[str, str]], commands: list[str], bound: int, model: str | None
+) -> None:
+    """The count a digest reports is its text's, whether it fits at once, after its sections
+    were cut (the count then comes from the sections' counts) or after a cut of the whole."""
+    messages = [_call(str(k), command, "see `Z_9`") for k, command in enumerate(commands)]
+    messages += [
+        Message(id=f"m{k}", role=role, content=text, source_index=0)
+        for k, (role, text) in enumerate(texts)
+        if role != "tool"
+    ]
+    messages += [_result(str(k), text) for k, (role, text) in enumerate(texts) if role == "tool"]
+    summary = DigestSummarizer().summarize(
+        _request(messages, bound).model_copy(update={"model": model})
+    )
+    assert summary.tokens == count_tokens(summary.text, model)
+    assert summary.tokens <= bound
+
+
 def test_names_an_earlier_digest_listed_are_carried_into_the_next() -> None:
     first = _digest(_session()).text
     later = _digest([_call("9", "cat docs/ref.rst"), _result("9", "text\n")], previous=first)

@@ -453,6 +453,7 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
     its token count and whether anything was cut."""
     limit, model = request.max_output_tokens, request.model
     total = _rendered_tokens(header, sections, model)
+    exact = True  # whether ``total`` is the count of the sections as they now are
     truncated = False
     for section in sorted(sections, key=lambda s: s.priority):
         if total <= limit:
@@ -468,11 +469,12 @@ def _fit(header: str, sections: list[_Section], request: SummaryRequest) -> tupl
         # The sections' own counts add up to the whole's within a few tokens at the joins; the
         # whole's exact count is taken once they say it may fit (only the joins are tokenized).
         total += _tokens(section, model) - own
-        if total <= limit:
+        exact = total <= limit
+        if exact:
             total = _rendered_tokens(header, sections, model)
-    # What is published is counted whole (cut to the bound by now, so cheap): the sections'
-    # counts decide the cuts, the text itself the count a reader is told.
     text = _render(header, sections)
+    if exact and total <= limit:
+        return text, total, truncated  # ``total`` is this text's count: no need to count it again
     total = count_tokens(text, model)
     if total > limit:
         text, _ = cut_to_tokens(text, limit, model)
