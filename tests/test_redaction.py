@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from redaction_samples import ORDINARY, PLANTED, Planted
 
 from worker.core.redaction import PATTERNS, placeholder, redact, redact_json, redact_messages
@@ -86,6 +88,73 @@ def test_messages_are_redacted_in_text_reasoning_and_tool_arguments() -> None:
     dumped = json.dumps([m.model_dump() for m in out])
     assert openai.secret not in dumped and jwt.secret not in dumped
     assert [m.id for m in out] == ["m0", "m1", "m2"] and out[1].tool_calls[0].id == "c1"
+
+
+# Pieces of text that make or break the patterns' needles, gates and matches around the joins
+# of a range's texts: planted secrets, their halves, needles, assignment and URL syntax.
+_PIECES = [
+    *(p.text for p in PLANTED),
+    *(half for p in PLANTED for half in (p.text[: len(p.text) // 2], p.text[len(p.text) // 2 :])),
+    *(needle for p in PATTERNS for needle in p.needles),
+    *"=: \n\"'",
+    "secretoken",
+    "TOKEN",
+    "İ",  # lower() makes it two characters: positions in the lowered range no longer agree
+    "https://u:",
+    "@host",
+    "aB3dE5fG7hJ9kL2m",
+]
+_TEXTS = st.lists(st.sampled_from(_PIECES), max_size=6).map("".join)
+
+
+_SECRET_VALUE = "aB3dE5fG7hJ9kL2m"
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.tuples(_TEXTS, _TEXTS, st.lists(_TEXTS, max_size=2)), max_size=6))
+# Two needles overlapping ("secret", "token"): the second one is where the assignment is.
+@example([(f"secretoken={_SECRET_VALUE}", "", [])])
+# Lower-casing lengthens the first text: found in the lowered range, the assignment's place
+# would point past its own text.
+@example([("İ" * 40, "", []), ("x", f"token={_SECRET_VALUE}", []), ("z" * 100, "", [])])
+def test_a_range_is_redacted_as_each_of_its_texts_alone(
+    parts: list[tuple[str, str, list[str]]],
+) -> None:
+    """The range's needles are looked for once in all its texts joined: each text still comes
+    out as redacting it alone makes it, and the counts are the sum of those."""
+    messages = [
+        Message(
+            id=f"m{k}",
+            role="assistant",
+            content=content,
+            reasoning=reasoning,
+            tool_calls=tuple(
+                ToolCall(id=f"c{k}-{j}", name="bash", arguments=a) for j, a in enumerate(args)
+            ),
+            source_index=k,
+        )
+        for k, (content, reasoning, args) in enumerate(parts)
+    ]
+    out, counts = redact_messages(messages)
+    expected: Counter[str] = Counter()
+    for before, after in zip(messages, out, strict=True):
+        assert after.content == redact(before.content, expected).text
+        assert after.reasoning == redact(before.reasoning, expected).text
+        for call_before, call_after in zip(before.tool_calls, after.tool_calls, strict=True):
+            assert call_after.arguments == redact(call_before.arguments, expected).text
+    assert counts == dict(expected)
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.sampled_from(_PIECES), max_size=8).map("".join))
+def test_every_gate_match_starts_with_a_needle_of_its_pattern(text: str) -> None:
+    """The gate is its needles' alternatives, each searched for apart in a range (a literal
+    start is fast to skip to): none may start elsewhere."""
+    for pattern in PATTERNS:
+        if pattern.gate is not None:
+            haystack = text.lower() if pattern.folded else text
+            for found in pattern.gate.finditer(haystack):
+                assert found.group().startswith(pattern.needles)
 
 
 def test_json_documents_are_redacted_string_by_string() -> None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from worker.wire.models import Message
@@ -64,6 +66,9 @@ class Pattern:
     needles: tuple[str, ...] = ()
     folded: bool = False  # the needles are lower case, looked for in the lower-cased text
     gate: re.Pattern[str] | None = None  # then searched for where the needles were
+    # What a range is searched for: the needles (one regex), or the gate's alternatives (one
+    # regex each, starting with its needle: a literal start lets ``re`` skip ahead fast).
+    finders: tuple[re.Pattern[str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,10 +169,24 @@ def _p(
     accept: Callable[[re.Match[str]], bool] | None = None,
     needles: tuple[str, ...] = (),
     folded: bool = False,
-    gate: str | None = None,
+    gate: Mapping[str, str] | None = None,
 ) -> Pattern:
-    compiled_gate = re.compile(gate) if gate is not None else None
-    return Pattern(kind, re.compile(pattern), description, accept, needles, folded, compiled_gate)
+    """``gate``: for each needle, what must follow it (a regex) for the full pattern to be tried."""
+    after = dict.fromkeys(needles, "") if gate is None else gate
+    if set(after) != set(needles):
+        raise ValueError(f"{kind}: the gate must give what follows each needle, and only those")
+    alternatives = [f"{re.escape(needle)}(?:{rest})" for needle, rest in after.items()]
+    either = "|".join(alternatives)
+    if gate is None:  # needles alone are found together as fast as apart
+        compiled_gate, finders = None, [either] if needles else []
+    else:
+        # A gate's alternatives are searched for apart: together, their first letters (common
+        # ones) would each be tried as the start of every alternative.
+        compiled_gate, finders = re.compile(either), alternatives
+    compiled = tuple(map(re.compile, finders))
+    return Pattern(
+        kind, re.compile(pattern), description, accept, needles, folded, compiled_gate, compiled
+    )
 
 
 PATTERNS: tuple[Pattern, ...] = (
@@ -283,7 +302,17 @@ PATTERNS: tuple[Pattern, ...] = (
         folded=True,
         # A secret name's last word right before the `=` or `:` (the full pattern tries every
         # run of name characters: three times slower over ordinary code).
-        gate=r"(?:key|secret|token|passw(?:or)?d|pwd|credentials?)" + _QUOTE + r"\s{0,8}+[:=]",
+        gate={
+            needle: rest + _QUOTE + r"\s{0,8}+[:=]"
+            for needle, rest in [
+                ("key", ""),
+                ("secret", ""),
+                ("token", ""),
+                ("pass", "w(?:or)?d"),
+                ("pwd", ""),
+                ("credential", "s?"),
+            ]
+        },
     ),
 )
 
@@ -339,28 +368,26 @@ def redact(text: str, counts: Counter[str] | None = None) -> Redaction:
 def redact_messages(messages: list[Message]) -> tuple[list[Message], dict[str, int]]:
     """Each message's text, reasoning and tool-call arguments redacted (the same object when
     nothing was), and the counts by kind over all of them."""
-    # Most ranges hold the needles of few patterns: looked for once in all of their text (no
-    # needle spans the newline joining them), only those patterns are tried text by text. (A
-    # placeholder written by one pattern may hold another's needle, but it ends in "]" and so
-    # never completes that pattern's match.)
-    whole = "\n".join(
+    texts = [
         text
         for m in messages
         for text in (m.content, m.reasoning, *(c.arguments for c in m.tool_calls))
-    )
-    lowered = whole.lower()
-    patterns = tuple(p for p in PATTERNS if _present(p, whole, lowered))
-    counts: Counter[str] = Counter()
-    if not patterns:
+    ]
+    chosen = _patterns_by_text(texts)
+    if not any(chosen):
         return list(messages), {}
+    counts: Counter[str] = Counter()
+    redacted = iter(
+        _redacted(text, counts, patterns) if patterns else text
+        for text, patterns in zip(texts, chosen, strict=True)
+    )
     out = []
     for m in messages:
-        content = _redacted(m.content, counts, patterns)
-        reasoning = _redacted(m.reasoning, counts, patterns)
+        content, reasoning = next(redacted), next(redacted)
         calls = tuple(
             c.model_copy(update={"arguments": a}) if a != c.arguments else c
             for c in m.tool_calls
-            for a in [_redacted(c.arguments, counts, patterns)]
+            for a in [next(redacted)]
         )
         if content != m.content or reasoning != m.reasoning or calls != m.tool_calls:
             m = m.model_copy(
@@ -368,6 +395,47 @@ def redact_messages(messages: list[Message]) -> tuple[list[Message], dict[str, i
             )
         out.append(m)
     return out, dict(counts)
+
+
+def _patterns_by_text(texts: list[str]) -> list[tuple[Pattern, ...]]:
+    """For each text, the patterns that may match it: at least those whose needles (and gate) it
+    holds. Each pattern's needles, or its gate, are searched for once in all the texts joined,
+    and each text is given the patterns found in it, so that a text none is found in (most
+    texts) is not looked at again. (No needle spans the newline joining two texts; a gate match
+    that does only adds a pattern to the text it starts in, which then finds nothing. A
+    placeholder written by one pattern may hold another's needle, but it ends in "]" and so
+    never completes that pattern's match.)"""
+    whole = "\n".join(texts)
+    lowered = whole.lower()
+    chosen: list[list[Pattern]] = [[] for _ in texts]
+    if len(lowered) != len(whole):  # lower() changed the length: positions would not agree
+        present = [p for p in PATTERNS if _present(p, whole, lowered)]
+        return [tuple(present) for _ in texts]
+    starts = list(accumulate((len(text) + 1 for text in texts[:-1]), initial=0))
+    for pattern in PATTERNS:
+        haystack = lowered if pattern.folded else whole
+        found = (
+            set(range(len(texts))) if not pattern.needles else _holding(pattern, haystack, starts)
+        )
+        for index in sorted(found):
+            chosen[index].append(pattern)
+    return [tuple(patterns) for patterns in chosen]
+
+
+def _holding(pattern: Pattern, haystack: str, starts: list[int]) -> set[int]:
+    """The indexes of the texts (``haystack`` is them joined; ``starts``: where each starts) in
+    which one of ``pattern``'s finders matches: once one does, the rest of that text is
+    skipped, so a text full of needles costs one search, not one per needle."""
+    holding = set()
+    for finder in pattern.finders:
+        found = finder.search(haystack)
+        while found is not None:
+            index = bisect_right(starts, found.start()) - 1
+            holding.add(index)
+            if index + 1 == len(starts):
+                break
+            found = finder.search(haystack, starts[index + 1])
+    return holding
 
 
 def redact_json(value: Any, counts: Counter[str] | None = None) -> Any:
