@@ -414,9 +414,8 @@ def _patterns_by_text(texts: list[str]) -> list[tuple[Pattern, ...]]:
     starts = list(accumulate((len(text) + 1 for text in texts[:-1]), initial=0))
     for pattern in PATTERNS:
         haystack = lowered if pattern.folded else whole
-        found = (
-            set(range(len(texts))) if not pattern.needles else _holding(pattern, haystack, starts)
-        )
+        # A pattern with nothing to search for (no needles) may match any text.
+        found = _holding(pattern, haystack, starts) if pattern.finders else range(len(texts))
         for index in sorted(found):
             chosen[index].append(pattern)
     return [tuple(patterns) for patterns in chosen]
