@@ -324,6 +324,20 @@ def test_canonical_json_is_byte_for_byte_json_dumps(value: Any) -> None:
     assert canonical_json(value) == expected
 
 
+@settings(max_examples=500)
+@given(json_values)
+def test_canonical_json_of_a_whole_is_made_from_its_parts_canonical_json(value: Any) -> None:
+    """A snapshot's messages are serialized once, for both its range digest and its transcript:
+    a list or an object put together from its parts' canonical JSON is the whole's."""
+    from worker.wire.models import canonical_array, canonical_json, canonical_object
+
+    if isinstance(value, list):
+        assert canonical_array([canonical_json(v) for v in value]) == canonical_json(value)
+    if isinstance(value, dict):
+        parts = {k: canonical_json(v) for k, v in value.items()}
+        assert canonical_object(parts) == canonical_json(value)
+
+
 @settings(max_examples=300)
 @given(json_values, json_values)
 def test_equal_plain_json_has_the_same_canonical_form(a: Any, b: Any) -> None:

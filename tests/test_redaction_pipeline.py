@@ -27,7 +27,8 @@ from worker.summarize.prompt import SECTIONS, system_prompt
 from worker.testing.standin_llm import StandinLLM
 from worker.transcripts.filesystem import FileStore
 from worker.wire.events import CompletedEvent
-from worker.wire.models import Message
+from worker.wire.history import range_digest
+from worker.wire.models import Message, canonical_json
 
 KEY_ENV = "COMPACTOR_TEST_REDACTION_KEY"
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -150,6 +151,23 @@ def test_transcripts_are_redacted_when_the_operator_asks(tmp_path: Path) -> None
     view = compaction_view(event, doc["messages"], raw=json.loads(event.to_json()))
     assert view.replaced == [] and view.transcript_problem
     assert view.redactions == event.compaction.summary.redactions
+
+
+@pytest.mark.parametrize("redact", [False, True])
+def test_a_transcript_is_the_canonical_json_of_its_document(tmp_path: Path, redact: bool) -> None:
+    """Put together from each message's canonical JSON (made once, for the range digest too),
+    it is byte for byte the canonical JSON of what it holds; unredacted, its range hashes to
+    the event's digest."""
+    pipeline = runner(tmp_path, transcripts={"redact": redact})
+    event = completed(pipeline, planted_conversation(f"c-cj{int(redact)}", list(PLANTED)))
+    [path] = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix == ".json"]
+    stored = path.read_bytes()
+    doc = json.loads(stored)
+    assert stored == canonical_json(doc).encode("utf-8")
+    assert ("redactions" in doc) is redact
+    c = event.compaction
+    matches = range_digest(doc["messages"][c.start : c.end]) == c.range_sha256
+    assert matches is not redact
 
 
 def test_the_redact_setting_reads_from_toml_and_the_environment(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from worker.pipeline.preparation import PreparedCompaction
 from worker.tokens import Tokenizer, counted_by
 from worker.wire import formats
 from worker.wire.events import Compaction, Summary
-from worker.wire.history import apply_built, range_digest
-from worker.wire.models import canonical_json
+from worker.wire.history import apply_built, range_digest_of
+from worker.wire.models import canonical_array, canonical_json, canonical_object
 from worker.wire.snapshots import ParsedSnapshot
 
 SUMMARY_ID_PREFIX = "cws-"
@@ -54,7 +54,7 @@ def build_compaction(
         end=plan.end,
         first_id=parsed.source_ids[plan.start],
         last_id=parsed.source_ids[plan.end - 1],
-        range_sha256=range_digest(snap.messages[plan.start : plan.end]),
+        range_sha256=range_digest_of(parsed.message_json[plan.start : plan.end]),
         replacement=replacement,
         summary=summary,
         tool_calls=prepared.policies.default,
@@ -101,17 +101,18 @@ def transcript_payload(
     redacted as a summarizer's input is, and ``redactions`` counting what was, by kind."""
     snap = parsed.snapshot
     system: Any = snap.system
-    messages: Any = snap.messages
+    # The messages' canonical JSON is the one their range digest was made of (made once).
+    messages = parsed.message_json
     counts: Counter[str] = Counter()
     if redact:
-        system, messages = redact_json(system, counts), redact_json(messages, counts)
-    doc = {
+        system = redact_json(system, counts)
+        messages = [canonical_json(redact_json(raw, counts)) for raw in snap.messages]
+    doc: dict[str, Any] = {
         "conversation_id": snap.conversation_id,
         "revision": snap.revision,
         "format": snap.format,
         "model": snap.model.model_dump(),
         "system": system,
-        "messages": messages,
         "compacted": {
             "event_id": event_id,
             "start": compaction.start,
@@ -122,4 +123,6 @@ def transcript_payload(
     }
     if redact:
         doc["redactions"] = dict(sorted(counts.items()))
-    return canonical_json(doc).encode("utf-8")
+    fields = {key: canonical_json(value) for key, value in doc.items()}
+    fields["messages"] = canonical_array(messages)
+    return canonical_object(fields).encode("utf-8")

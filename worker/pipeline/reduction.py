@@ -16,7 +16,7 @@ from worker.pipeline.evaluation import Evaluation
 from worker.tokens import counted_by
 from worker.wire import formats
 from worker.wire.events import Compaction, DroppedItem, Summary, SummarySection, event_id_for
-from worker.wire.history import apply_built, range_digest
+from worker.wire.history import apply_built, range_digest_of
 from worker.wire.media import placeholders
 from worker.wire.models import Message
 
@@ -82,7 +82,7 @@ def build_reduction(
         end=end,
         first_id=parsed.source_ids[start],
         last_id=parsed.source_ids[end - 1],
-        range_sha256=range_digest(snap.messages[start:end]),
+        range_sha256=range_digest_of(parsed.message_json[start:end]),
         replacement=replacement,
         summary=_summary(context, text, reduced, where),
         tokens_before=evaluation.projected_tokens,

@@ -5,19 +5,27 @@ applying a completed compaction. Pure: no Redis, no network, no clock.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from worker.errors import EventMismatch
 from worker.wire import formats
 from worker.wire.events import Compaction, CompactionEvent, CompletedEvent, parse_event
-from worker.wire.models import canonical_json
+from worker.wire.models import canonical_array, canonical_json
 
-__all__ = ["apply_compaction", "range_digest"]
+__all__ = ["apply_compaction", "range_digest", "range_digest_of"]
 
 
 def range_digest(raw_messages: list[dict[str, Any]]) -> str:
     """sha256 of the canonical JSON of wire messages: what a compaction's range must hash to."""
     text = canonical_json(raw_messages)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def range_digest_of(message_json: Sequence[str]) -> str:
+    """:func:`range_digest` of the wire messages whose canonical JSON texts these are (a
+    snapshot's messages are serialized once for both its range digest and its transcript)."""
+    text = canonical_array(message_json)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 

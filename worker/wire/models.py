@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, model_validator
@@ -118,6 +118,18 @@ def canonical_json(value: Any) -> str:
     if _canonical_encoder is None:  # a Python without json's C accelerator
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "".join(_canonical_encoder(value, 0))
+
+
+def canonical_array(items: Sequence[str]) -> str:
+    """The canonical JSON of a list whose items are already canonical JSON texts: what
+    :func:`canonical_json` gives for the list itself (it separates items by "," alone)."""
+    return "[" + ",".join(items) + "]"
+
+
+def canonical_object(fields: Mapping[str, str]) -> str:
+    """The canonical JSON of an object whose values are already canonical JSON texts: what
+    :func:`canonical_json` gives for the object itself (keys sorted, ":" and "," alone)."""
+    return "{" + ",".join(f"{canonical_json(key)}:{fields[key]}" for key in sorted(fields)) + "}"
 
 
 def _make_canonical_encoder() -> Callable[[Any, int], Iterable[str]] | None:

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -21,7 +22,13 @@ from worker.config import CompactionConfig, Settings
 from worker.errors import ConfigError, InvalidSnapshot
 from worker.wire import formats
 from worker.wire.media import MediaRules
-from worker.wire.models import CONVERSATION_ID_RULE, Message, Snapshot, WireFormat
+from worker.wire.models import (
+    CONVERSATION_ID_RULE,
+    Message,
+    Snapshot,
+    WireFormat,
+    canonical_json,
+)
 
 # Operator-only settings: a snapshot must not move transcripts, raise limits or change retention.
 OPERATOR_ONLY = frozenset(
@@ -55,6 +62,12 @@ class ParsedSnapshot:
     @property
     def revision(self) -> int:
         return self.snapshot.revision
+
+    @cached_property
+    def message_json(self) -> list[str]:
+        """Each wire message's canonical JSON, made once: a compaction's range digest and its
+        transcript both serialize the messages."""
+        return [canonical_json(raw) for raw in self.snapshot.messages]
 
 
 def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
