@@ -303,3 +303,44 @@ def test_a_fact_said_again_and_again_is_one_fact_with_every_source() -> None:
     instructions = [f for f in facts if f.kind == "instruction"]
     assert [(f.probes, f.line) for f in instructions] == [(("continue",), "instruction: continue")]
     assert instructions[0].sources == tuple(f"u{k}" for k in range(1, 3001))
+
+
+def _assistant(text: str, index: int = 1) -> Any:
+    from worker.wire.models import Message
+
+    return Message(id=f"a{index}", role="assistant", content=text, source_index=index)
+
+
+def test_identifiers_the_agent_used_are_must_keep_facts() -> None:
+    said = _assistant("See https://example.com/issues/42, job 550e8400-e29b-41d4-a716-446655440000")
+    ran = _assistant(
+        "git show 3f2a9c1 && pytest tests/test_a.py::test_b -k test_c && git switch -c fix/x", 2
+    )
+    facts = extract_must_keep([said, ran], [])
+    assert [f.probes[0] for f in facts if f.kind == "identifier"] == [
+        "https://example.com/issues/42",
+        "550e8400-e29b-41d4-a716-446655440000",
+        "3f2a9c1",
+        "tests/test_a.py::test_b",
+        "test_c",
+        "fix/x",
+    ]
+
+
+_NEAR_UUIDS = st.lists(
+    st.one_of(
+        st.uuids().map(str),
+        st.uuids().map(lambda u: str(u)[: len(str(u)) // 2]),
+        st.text(alphabet="0123456789abcdefx- _\n", max_size=12),
+    ),
+    max_size=6,
+).map("".join)
+
+
+@given(_NEAR_UUIDS)
+def test_a_uuid_is_found_wherever_it_is(text: str) -> None:
+    """The UUID pattern runs only on texts that hold a UUID's middle ("-hhhh-hhhh-hhhh-"): that
+    must never hide one."""
+    uuids = list(dict.fromkeys(fidelity._UUID.findall(text)))
+    ids = fidelity._identifiers([_assistant(text)])
+    assert [i for i in ids if fidelity._UUID.fullmatch(i)] == uuids

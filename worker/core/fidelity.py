@@ -50,6 +50,9 @@ MAX_FAILED = 30
 
 _URL = re.compile(r"https?://[^\s'\"<>()\[\]`]+[^\s'\"<>()\[\]`.,;:]")
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+# What every UUID holds, found by a literal-led search: many times faster than the UUID pattern,
+# which tries each position of a text (most texts with dashes hold none).
+_UUID_MIDDLE = re.compile(r"-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-")
 _HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 _TEST_NODE = re.compile(r"[\w./\-]+\.py::[\w\[\]:.\-]+")
 _TEST_K = re.compile(r"(?:^|\s)-k\s+['\"]?([\w\- ]+?)['\"]?(?:\s|$)")
@@ -222,7 +225,7 @@ def _identifiers(messages: list[Message]) -> dict[str, list[str]]:
             if "://" in text:
                 for match in _URL.finditer(text):
                     here.setdefault(match.group(0), None)
-            if text.count("-") >= 4:
+            if _UUID_MIDDLE.search(text):
                 for match in _UUID.finditer(text):
                     here.setdefault(match.group(0), None)
             git = "git " in text
