@@ -11,8 +11,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -54,6 +53,8 @@ class ParsedSnapshot:
     settings: Settings
     plain: list[bool | None]  # per wire message (formats.identify)
     pairing: formats.Pairing  # the tool calls of ``messages``, for the next parse to continue
+    # Made on first use by ``message_json`` (most evaluations compact nothing and never use it).
+    _message_json: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def conversation_id(self) -> str:
@@ -63,11 +64,17 @@ class ParsedSnapshot:
     def revision(self) -> int:
         return self.snapshot.revision
 
-    @cached_property
+    @property
     def message_json(self) -> list[str]:
         """Each wire message's canonical JSON, made once: a compaction's range digest and its
-        transcript both serialize the messages."""
-        return [canonical_json(raw) for raw in self.snapshot.messages]
+        transcript both serialize the messages. (Not a ``functools.cached_property``: on Python
+        3.11 that holds one lock for every instance while it computes, and compactions run on a
+        threads pool; two threads that race here both store the same list.)"""
+        if self._message_json is None:
+            made = [canonical_json(raw) for raw in self.snapshot.messages]
+            object.__setattr__(self, "_message_json", made)  # frozen: set once, as a cache
+            return made
+        return self._message_json
 
 
 def decode_json(data: bytes | str, *, max_bytes: int) -> Any:
