@@ -18,14 +18,16 @@ __all__ = ["apply_compaction", "range_digest", "range_digest_of"]
 
 def range_digest(raw_messages: list[dict[str, Any]]) -> str:
     """sha256 of the canonical JSON of wire messages: what a compaction's range must hash to."""
-    text = canonical_json(raw_messages)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return _sha256(canonical_json(raw_messages))
 
 
 def range_digest_of(message_json: Sequence[str]) -> str:
     """:func:`range_digest` of the wire messages whose canonical JSON texts these are (a
     snapshot's messages are serialized once for both its range digest and its transcript)."""
-    text = canonical_array(message_json)
+    return _sha256(canonical_array(message_json))
+
+
+def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
