@@ -33,6 +33,32 @@ pytest_plugins = [
 ]
 CORPUS_ENV = "COMPACTOR_CORPUS_DIR"
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to test old code: an extension that tools/native.py compiled shadows its source,
+    so after a source changed, its extension must be built again (``make test`` does it)."""
+    manifest = REPO_ROOT / "worker" / "_native.json"
+    if not manifest.exists():
+        return
+    import hashlib
+    import json
+
+    sources = json.loads(manifest.read_text()).get("sources", {})
+    stale = [
+        path
+        for path, digest in sources.items()
+        if not (REPO_ROOT / path).exists()
+        or hashlib.sha256((REPO_ROOT / path).read_bytes()).hexdigest() != digest
+    ]
+    if stale:
+        pytest.exit(
+            f"compiled modules older than their sources ({', '.join(stale)}): run `make native`"
+            " to rebuild them, or `.venv/bin/python tools/native.py --clean` to run them"
+            " interpreted",
+            returncode=4,
+        )
+
+
 # Shared, noisy machines: no property test fails because one example ran past Hypothesis's
 # 200 ms deadline or its data was slow to generate. What the properties check is the same.
 settings.register_profile(

@@ -769,6 +769,9 @@ def test_dockerignore_sends_only_what_the_build_copies(
         "transcripts/c-1/t.json",
         "tests/test_cli.py",
         "worker/__pycache__/cli.cpython-311.pyc",
+        "worker/core/identifiers.cpython-311-x86_64-linux-gnu.so",
+        "worker/native__mypyc.cpython-311-x86_64-linux-gnu.so",
+        "worker/_native.json",
     ):
         assert dockerignored(patterns, private), private
 

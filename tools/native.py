@@ -1,0 +1,123 @@
+"""Compile the pure, typed modules on the compaction's hot path to C extensions with mypyc.
+
+    .venv/bin/python tools/native.py          # build them in place (what `make` does)
+    .venv/bin/python tools/native.py --clean  # remove them: the package runs as plain Python
+
+The sources stay the only code: mypyc compiles them as they are (mypy strict, the project's
+own configuration), and Python imports an extension module before a ``.py`` of the same name.
+Without a C compiler (or with ``COMPACTOR_NATIVE=0``) nothing is built and the same modules run
+interpreted, with the same results. A manifest (``worker/_native.json``) records whether they
+were compiled and each source's SHA-256 then, so that a test fails when an extension is older
+than its source (``make`` rebuilds them whenever one changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "worker" / "_native.json"
+# Pure functions over strings and plain data, where a compaction spends its Python time: the
+# code names, facts, files and fidelity check of the range, its redaction, the digest, and the
+# tool-output compression and exact token accounting of the projection.
+MODULES = (
+    "worker/core/identifiers.py",
+    "worker/core/facts.py",
+    "worker/core/files.py",
+    "worker/core/fidelity.py",
+    "worker/core/redaction.py",
+    "worker/compress/tally.py",
+    "worker/compress/text.py",
+    "worker/compress/output.py",
+    "worker/compress/grep_text.py",
+    "worker/compress/long_text.py",
+    "worker/compress/ls_text.py",
+    "worker/compress/numbered_text.py",
+    "worker/compress/paths_text.py",
+    "worker/compress/rle_text.py",
+    "worker/compress/tree_text.py",
+    "worker/compress/textform.py",
+    "worker/compress/envelope.py",
+    "worker/compress/jsontext.py",
+    "worker/compress/structured.py",
+    "worker/tokens/bounds.py",
+    "worker/summarize/digest.py",
+)
+GROUP = "worker.native"
+
+
+def source_digests() -> dict[str, str]:
+    return {m: hashlib.sha256((ROOT / m).read_bytes()).hexdigest() for m in MODULES}
+
+
+def built_files() -> list[Path]:
+    """Every extension this script may have built (for --clean)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    found = [ROOT / m.removesuffix(".py") for m in MODULES]
+    extensions = [p.with_name(p.name + suffix) for p in found]
+    return [p for p in [*extensions, *(ROOT / "worker").glob("native__mypyc*")] if p.exists()]
+
+
+def clean() -> None:
+    for path in built_files():
+        path.unlink()
+    MANIFEST.unlink(missing_ok=True)
+    shutil.rmtree(ROOT / "build" / "native", ignore_errors=True)
+
+
+def build() -> bool:
+    """Build every module in place; False (and the plain modules kept) when that cannot be."""
+    os.chdir(ROOT)  # mypy reads the project's configuration ([tool.mypy] in pyproject.toml)
+    try:
+        _compile()
+    # No mypyc (the dev extra), no compiler or headers, a type error (mypyc exits): interpreted.
+    except (Exception, SystemExit) as exc:
+        print(f"native: not compiled ({exc!r}); the modules run as plain Python", file=sys.stderr)
+        clean()
+        write_manifest(compiled=False)
+        return False
+    write_manifest(compiled=True)
+    return True
+
+
+def _compile() -> None:
+    from mypyc.build import mypycify
+    from setuptools import Distribution
+
+    extensions = mypycify(list(MODULES), group_name=GROUP, target_dir="build/native")
+    # A Distribution of its own, so that setuptools does not read the project's metadata.
+    dist = Distribution({"ext_modules": extensions, "script_name": "tools/native.py"})
+    command = dist.get_command_obj("build_ext")
+    command.inplace = True
+    command.build_temp = "build/native/temp"
+    command.parallel = os.cpu_count() or 1
+    dist.run_command("build_ext")
+
+
+def write_manifest(*, compiled: bool) -> None:
+    """What was built, from which sources (``make`` rebuilds when a source is newer)."""
+    manifest = {"compiled": compiled, "sources": source_digests() if compiled else {}}
+    MANIFEST.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if "--clean" in argv:
+        clean()
+        return 0
+    if os.environ.get("COMPACTOR_NATIVE") == "0":
+        clean()
+        write_manifest(compiled=False)
+        return 0
+    clean()  # nothing stale survives a failed build
+    build()
+    return 0  # interpreted is a valid outcome: never fail the set-up for it
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
