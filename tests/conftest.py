@@ -37,19 +37,13 @@ CORPUS_ENV = "COMPACTOR_CORPUS_DIR"
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test old code: an extension that tools/native.py compiled shadows its source,
     so after a source changed, its extension must be built again (``make test`` does it)."""
-    manifest = REPO_ROOT / "worker" / "_native.json"
-    if not manifest.exists():
-        return
-    import hashlib
-    import json
+    import importlib.util
 
-    sources = json.loads(manifest.read_text()).get("sources", {})
-    stale = [
-        path
-        for path, digest in sources.items()
-        if not (REPO_ROOT / path).exists()
-        or hashlib.sha256((REPO_ROOT / path).read_bytes()).hexdigest() != digest
-    ]
+    spec = importlib.util.spec_from_file_location("native_tool", REPO_ROOT / "tools" / "native.py")
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    stale = native.stale()
     if stale:
         pytest.exit(
             f"compiled modules older than their sources ({', '.join(stale)}): run `make native`"

@@ -52,8 +52,21 @@ MODULES = (
 GROUP = "worker.native"
 
 
-def source_digests() -> dict[str, str]:
-    return {m: hashlib.sha256((ROOT / m).read_bytes()).hexdigest() for m in MODULES}
+def _digest(module: str) -> str | None:
+    path = ROOT / module
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+
+def source_digests() -> dict[str, str | None]:
+    return {m: _digest(m) for m in MODULES}
+
+
+def stale() -> list[str]:
+    """The compiled modules whose source changed since the build (none when nothing was)."""
+    if not MANIFEST.exists():
+        return []
+    built: dict[str, str] = json.loads(MANIFEST.read_text()).get("sources", {})
+    return [m for m, digest in built.items() if _digest(m) != digest]
 
 
 def built_files() -> list[Path]:
@@ -71,8 +84,8 @@ def clean() -> None:
     shutil.rmtree(ROOT / "build" / "native", ignore_errors=True)
 
 
-def build() -> bool:
-    """Build every module in place; False (and the plain modules kept) when that cannot be."""
+def build() -> None:
+    """Build every module in place, or leave them interpreted when that cannot be."""
     os.chdir(ROOT)  # mypy reads the project's configuration ([tool.mypy] in pyproject.toml)
     try:
         _compile()
@@ -81,9 +94,8 @@ def build() -> bool:
         print(f"native: not compiled ({exc!r}); the modules run as plain Python", file=sys.stderr)
         clean()
         write_manifest(compiled=False)
-        return False
+        return
     write_manifest(compiled=True)
-    return True
 
 
 def _compile() -> None:
@@ -107,15 +119,13 @@ def write_manifest(*, compiled: bool) -> None:
 
 
 def main(argv: list[str]) -> int:
+    clean()  # nothing stale survives a failed build
     if "--clean" in argv:
-        clean()
         return 0
     if os.environ.get("COMPACTOR_NATIVE") == "0":
-        clean()
         write_manifest(compiled=False)
-        return 0
-    clean()  # nothing stale survives a failed build
-    build()
+    else:
+        build()
     return 0  # interpreted is a valid outcome: never fail the set-up for it
 
 
