@@ -594,22 +594,24 @@ def test_a_reused_counted_projection_is_the_full_evaluation(config: dict[str, An
 def test_only_new_messages_are_projected_when_the_prefix_is_reused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import worker.core.projection as projection
-
     first, second = grep_conversation(5), grep_conversation(6, revision=2)
     parsed = parse_snapshot(first, DEFAULT)
     counted = evaluate(snapshot_context(parsed, reuse)).counted
-    seen: list[int] = []
-    real = projection.count_message_tokens
-    monkeypatch.setattr(
-        projection, "count_message_tokens", lambda m, t: seen.append(m.source_index) or real(m, t)
-    )
     grown = parse_snapshot(second, DEFAULT, earlier=parsed)
-    evaluate(snapshot_context(grown, reuse), counted)
-    assert seen == [11, 12]
-    seen.clear()
-    evaluate(snapshot_context(grown, reuse), None)  # without a prior: every message
-    assert len(seen) == 13
+    context = snapshot_context(grown, reuse)
+    # Watched at the tokenizer, which every message's count goes through (the projection's
+    # own functions may be compiled, and call each other directly).
+    texts: list[str] = []
+    real = context.tokenizer.count
+    monkeypatch.setattr(context.tokenizer, "count", lambda t: texts.append(t) or real(t))
+
+    def counted_messages(evaluation: Any) -> list[int]:
+        return [m.source_index for m in evaluation.projection.messages if m.content in texts]
+
+    assert counted_messages(evaluate(context, counted)) == [11, 12]
+    texts.clear()
+    # Without a prior: every message.
+    assert counted_messages(evaluate(context, None)) == list(range(13))
 
 
 def test_a_memo_written_by_a_process_that_reuses_is_still_complete(

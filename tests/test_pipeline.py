@@ -13,7 +13,7 @@ import pytest
 from service_support import conversation
 
 from worker.config import Settings
-from worker.core.projection import ProjectionPolicy
+from worker.core.projection_policy import ProjectionPolicy
 from worker.pipeline import Adapters, Pipeline, SnapshotContext, tokens_of
 from worker.reuse import Reuse
 from worker.transcripts.filesystem import FileStore

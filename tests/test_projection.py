@@ -11,11 +11,11 @@ from worker.config import ProjectedToolResultBudget
 from worker.core.projection import (
     ELLIPSIS,
     PREVIEW_JOINER,
-    ProjectionPolicy,
     head_tail_preview,
     marker_for,
     project,
 )
+from worker.core.projection_policy import ProjectionPolicy
 from worker.wire.models import Message, ToolCall
 
 

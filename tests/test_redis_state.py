@@ -80,23 +80,24 @@ def test_a_service_evaluates_a_grown_conversation_only_for_its_new_messages(
     """Through the whole evaluate step (Redis, parse, memo, projection): the second snapshot
     of a conversation counts only what differs from the first in the process that saw it (a
     new exchange, and the closing message that moved: its id, ``end21``, is new)."""
-    import worker.core.projection as projection
+    from worker.tokens import TiktokenTokenizer
 
     svc = service(open_client(), tmp_path)
     svc.state.store_snapshot(
         "c-grow", 1, json.dumps(conversation("c-grow", 20, window=1_000_000)).encode()
     )
     assert svc.evaluate("c-grow") == "skipped"
-    counted: list[int] = []
-    real = projection.count_message_tokens
+    # Watched at the tokenizer, which every message's count goes through (the projection's
+    # own functions may be compiled, and call each other directly).
+    texts: list[str] = []
+    real = TiktokenTokenizer.count
     monkeypatch.setattr(
-        projection,
-        "count_message_tokens",
-        lambda m, t: counted.append(m.source_index) or real(m, t),
+        TiktokenTokenizer, "count", lambda self, text: texts.append(text) or real(self, text)
     )
     grown = conversation("c-grow", 21, revision=2, window=1_000_000)
     svc.state.store_snapshot("c-grow", 2, json.dumps(grown).encode())
     assert svc.evaluate("c-grow") == "skipped"
+    counted = [k for k, m in enumerate(grown["messages"]) if m.get("content") in texts]
     assert counted == [42, 43, 44]
 
 

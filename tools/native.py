@@ -24,8 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "worker" / "_native.json"
 # Pure functions over strings and plain data, where a compaction spends its Python time: the
-# code names, facts, files and fidelity check of the range, its redaction, the digest, and the
-# tool-output compression and exact token accounting of the projection.
+# code names, facts, files and fidelity check of the range, its redaction, the digest, the
+# tool-output compression, the projection and its exact token accounting, the range's planning
+# and grouping, the OpenAI wire format's reading, provenance, the range digest and the caches.
+# Not a package's ``__init__`` (compiled, it loses its submodules), nor a module that defines a
+# pydantic model, nor one whose functions tests replace to watch the calls between them. (The
+# pipeline's steps, compiled too, saved nothing measurable: 0.6 % of the instructions.)
 MODULES = (
     "worker/core/identifiers.py",
     "worker/core/facts.py",
@@ -48,6 +52,13 @@ MODULES = (
     "worker/compress/structured.py",
     "worker/tokens/bounds.py",
     "worker/summarize/digest.py",
+    "worker/core/planning.py",
+    "worker/core/groups.py",
+    "worker/wire/formats/openai.py",
+    "worker/core/provenance.py",
+    "worker/wire/history.py",
+    "worker/cache.py",
+    "worker/core/projection.py",
 )
 GROUP = "worker.native"
 

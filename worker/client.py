@@ -45,8 +45,9 @@ from worker.backend.redis_state import (
     stream_entries,
 )
 from worker.config import CompactionConfig, Settings, load_settings
-from worker.core.projection import CompressionCache, ProjectionPolicy
+from worker.core.projection import CompressionCache
 from worker.core.projection import project as project_messages
+from worker.core.projection_policy import ProjectionPolicy
 from worker.core.review import edit_of, edited_summary
 from worker.errors import (
     BrokerUnavailable,

@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict
-
 from worker.cache import ContentCache, FrontCache, Recorder, content_key
 from worker.compress import CODECS_VERSION, compress_tool_result
-from worker.config import CompactionConfig, ProjectedToolResultBudget
+from worker.config import ProjectedToolResultBudget
+from worker.core.projection_policy import ProjectionPolicy
 from worker.tokens import Tokenizer
 from worker.wire.events import ElidedResult
 from worker.wire.models import Message
@@ -25,28 +24,6 @@ from worker.wire.models import Message
 SMALL_RESULT_BYTES = 100  # keep_recent_tool_results never rewrites results this small
 ELLIPSIS = "…"
 PREVIEW_JOINER = "\n…[omitted]…\n"
-
-
-class ProjectionPolicy(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    keep_recent_tool_results: int | None = None
-    projected_tool_result_budget: ProjectedToolResultBudget | None = None
-    compress_tool_results: bool = False
-    compress_min_tokens: int = 200
-    compress_min_saving: float = 0.15
-    model: str | None = None
-
-    @classmethod
-    def from_config(cls, config: CompactionConfig, *, model: str | None = None) -> ProjectionPolicy:
-        return cls(
-            keep_recent_tool_results=config.keep_recent_tool_results,
-            projected_tool_result_budget=config.projected_tool_result_budget,
-            compress_tool_results=config.compress_tool_results,
-            compress_min_tokens=config.compress_min_tokens,
-            compress_min_saving=config.compress_min_saving,
-            model=model,
-        )
 
 
 @dataclass(frozen=True)

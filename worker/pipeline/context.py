@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from worker.config import CompactionConfig, Settings
-from worker.core.projection import CompressionCache, ProjectionPolicy
+from worker.core.projection import CompressionCache
+from worker.core.projection_policy import ProjectionPolicy
 from worker.reuse import Reuse
 from worker.tokens import Tokenizer
 from worker.wire.media import MediaRules
