@@ -5,10 +5,14 @@ p95: steadier than wall time on a shared machine. Runs the ``worker`` package fi
     .venv/bin/python bench/pipeline_cpu_bench.py 3
     git archive REV | tar -x -C /tmp/old && cd /tmp/old && \\
         PYTHONPATH=/tmp/old /path/to/.venv/bin/python /path/to/bench/pipeline_cpu_bench.py 3
+
+Each snapshot is given to ``Pipeline.parse`` as Python data, as an in-process caller gives it;
+``--bytes`` gives it as the JSON bytes a worker reads from its queue instead.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -45,8 +49,11 @@ def _clear_parse_cache() -> None:
 
 
 def main() -> int:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    snaps = [with_small_window(s) for _, s in conversations()]
+    args = [a for a in sys.argv[1:] if a != "--bytes"]
+    repeats = int(args[0]) if args else 3
+    snaps: list[Any] = [with_small_window(s) for _, s in conversations()]
+    if "--bytes" in sys.argv:
+        snaps = [json.dumps(s, ensure_ascii=False).encode("utf-8") for s in snaps]
     cpu = [float("inf")] * len(snaps)
     wall = [float("inf")] * len(snaps)
     with tempfile.TemporaryDirectory() as tmp:

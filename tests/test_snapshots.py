@@ -67,6 +67,46 @@ def test_bytes_text_and_mapping_parse_alike() -> None:
     assert from_bytes.source_ids == ["m1", "m2"]
 
 
+def test_a_mapping_parse_makes_the_messages_json_a_compaction_reads() -> None:
+    """Python data is checked by serializing it: its messages' canonical JSON is made then, and
+    is what the range digest and the transcript would have made from the bytes."""
+    value = snapshot(
+        messages=[
+            {"id": "m1", "role": "user", "content": 'é ✓ \u2028 "q" \\ 𝄞'},
+            {"role": "assistant", "content": None, "b": 1e300, "a": -0.0, "n": 10**30},
+            {"role": "user", "content": "x", "meta": {"z": 1, "y": [True, None, 2.5]}},
+        ]
+    )
+    from_map = parse_snapshot(value, DEFAULT)
+    assert from_map._message_json is not None  # made by the check, not again later
+    assert from_map.message_json == parse_snapshot(encode(value), DEFAULT).message_json
+
+
+@pytest.mark.parametrize(
+    ("where", "bad", "reason"),
+    [
+        ("message", float("nan"), "NaN"),
+        ("message", float("inf"), "inf"),
+        ("message", "\ud800", "surrogate"),
+        ("message", b"bytes", "bytes"),
+        ("config", float("nan"), "NaN"),
+        ("config", "\udfff", "surrogate"),
+    ],
+)
+def test_a_mapping_that_json_cannot_carry_is_refused_wherever_it_is(
+    where: str, bad: Any, reason: str
+) -> None:
+    if where == "message":
+        value = snapshot(messages=[{"role": "user", "content": "x", "meta": {"v": [bad]}}])
+        field = "messages[0].meta.v[0]"
+    else:
+        value = snapshot(config={"note": bad})
+        field = "config.note"
+    error = rejected(value)
+    assert reason.lower() in error.reason.lower()
+    assert error.field == field
+
+
 @pytest.mark.parametrize(
     "cid",
     [

@@ -113,11 +113,16 @@ class Snapshot(BaseModel):
     usage: Usage | None = None
 
 
-def canonical_json(value: Any) -> str:
-    """Deterministic JSON for hashing (sorted keys, no spaces, unicode kept)."""
-    if _canonical_encoder is None:  # a Python without json's C accelerator
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "".join(_canonical_encoder(value, 0))
+def canonical_json(value: Any, *, finite: bool = False) -> str:
+    """Deterministic JSON for hashing (sorted keys, no spaces, unicode kept). ``finite``: NaN
+    and the infinities raise ValueError, as ``json.dumps(allow_nan=False)`` does (the text of
+    everything else is the same)."""
+    encoder = _finite_canonical_encoder if finite else _canonical_encoder
+    if encoder is None:  # a Python without json's C accelerator
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=not finite
+        )
+    return "".join(encoder(value, 0))
 
 
 def canonical_array(items: Sequence[str]) -> str:
@@ -132,7 +137,7 @@ def canonical_object(fields: Mapping[str, str]) -> str:
     return "{" + ",".join(f"{canonical_json(key)}:{fields[key]}" for key in sorted(fields)) + "}"
 
 
-def _make_canonical_encoder() -> Callable[[Any, int], Iterable[str]] | None:
+def _make_canonical_encoder(*, allow_nan: bool) -> Callable[[Any, int], Iterable[str]] | None:
     """json's C encoder with json.dumps' canonical settings, made once: every message of a
     snapshot without its own id is hashed through it, and json.dumps would rebuild an encoder
     for each call (half the cost of a message's id). The output is byte for byte json.dumps'."""
@@ -144,7 +149,7 @@ def _make_canonical_encoder() -> Callable[[Any, int], Iterable[str]] | None:
     # Mapping a caller built) still ends, in RecursionError. The default raises TypeError for
     # what JSON cannot hold, as json.dumps does.
     return make(  # type: ignore[no-any-return]
-        None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, True
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", True, False, allow_nan
     )
 
 
@@ -152,7 +157,8 @@ def _not_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-_canonical_encoder = _make_canonical_encoder()
+_canonical_encoder = _make_canonical_encoder(allow_nan=True)
+_finite_canonical_encoder = _make_canonical_encoder(allow_nan=False)
 
 
 def derived_message_id(index: int, raw: Any) -> str:

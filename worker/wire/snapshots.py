@@ -126,6 +126,27 @@ def encode_json(value: Mapping[str, Any]) -> bytes:
         raise InvalidSnapshot(field, reason) from None
 
 
+def _encodable_with_message_json(data: Mapping[str, Any]) -> list[str] | None:
+    """What :func:`encode_json` checks of a snapshot given as Python data, its messages
+    checked by making their canonical JSON (which a compaction then needs, for its range
+    digest and its transcript: a second serialization saved). The messages' JSON, or None
+    when they are not a list or a check failed (then :func:`encode_json` raises what it
+    raises, or, for what it allows and canonical JSON does not, the messages are made later
+    as before)."""
+    messages = data.get("messages")
+    if isinstance(messages, list):
+        try:
+            made = [canonical_json(raw, finite=True) for raw in messages]
+            for text in made:
+                text.encode("utf-8")  # a lone surrogate raises, as in encode_json
+            encode_json({key: value for key, value in data.items() if key != "messages"})
+            return made
+        except (TypeError, ValueError, UnicodeEncodeError, RecursionError, InvalidSnapshot):
+            pass
+    encode_json(data)
+    return None
+
+
 def _json_problem(value: Any) -> tuple[str, str]:
     """Where and why ``value`` is not exact JSON (a loop, not recursion: no depth limit)."""
     pending: list[tuple[str, Any, int]] = [("", value, 0)]
@@ -210,8 +231,9 @@ def parse_snapshot(
     )
     if not isinstance(value, Mapping):
         raise InvalidSnapshot("", "a snapshot must be a JSON object")
+    message_json = None
     if isinstance(data, Mapping):
-        encode_json(data)
+        message_json = _encodable_with_message_json(data)
     elif _may_hold_surrogate(data):
         _check_text_encodable(value)
     try:
@@ -239,7 +261,7 @@ def parse_snapshot(
         prior=prior,
         media=media_rules(snapshot.format, effective.compaction),
     )
-    return ParsedSnapshot(
+    parsed = ParsedSnapshot(
         snapshot=snapshot,
         messages=messages,
         source_ids=ids,
@@ -247,6 +269,9 @@ def parse_snapshot(
         plain=plain,
         pairing=pairing,
     )
+    if message_json is not None:
+        object.__setattr__(parsed, "_message_json", message_json)  # as ``message_json`` does
+    return parsed
 
 
 def media_rules(fmt: WireFormat, config: CompactionConfig) -> MediaRules:
