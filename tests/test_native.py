@@ -58,6 +58,32 @@ def test_every_listed_module_exists_and_is_in_the_makefile() -> None:
         assert (ROOT / path).is_file(), path
 
 
+def test_no_extension_is_left_of_a_module_no_longer_listed() -> None:
+    """A module taken off the list keeps no extension: its shim would load the group, which no
+    longer holds it, and every import of the package would fail."""
+    listed = {ROOT / m.removesuffix(".py") for m in NATIVE.MODULES}
+    for path in NATIVE.built_files():
+        module = path.parent / path.name.split(".")[0]
+        assert module in listed or path.name.startswith("native__mypyc"), path
+
+
+def test_a_rebuild_removes_the_extension_of_a_module_taken_off_the_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``built_files`` (what a build or --clean removes first) finds any extension under
+    worker/, listed or not (here in a copy of the layout, not in the checkout)."""
+    suffix = NATIVE.sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    leftover = tmp_path / "worker" / "wire" / "formats" / f"taken_off{suffix}"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"")
+    (tmp_path / "worker" / "wire" / "formats" / "taken_off.py").write_text("")
+    monkeypatch.setattr(NATIVE, "ROOT", tmp_path)
+    monkeypatch.setattr(NATIVE, "MANIFEST", tmp_path / "worker" / "_native.json")
+    assert NATIVE.built_files() == [leftover]
+    NATIVE.clean()
+    assert not leftover.exists()
+
+
 @pytest.mark.parametrize("name", MODULE_NAMES)
 def test_a_compiled_module_is_built_from_its_current_source(name: str) -> None:
     module = importlib.import_module(name)

@@ -81,11 +81,10 @@ def stale() -> list[str]:
 
 
 def built_files() -> list[Path]:
-    """Every extension this script may have built (for --clean)."""
+    """Every extension under ``worker/`` (for --clean): those of the modules listed now, and
+    any of a module listed before (its shim would load a group that no longer holds it)."""
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    found = [ROOT / m.removesuffix(".py") for m in MODULES]
-    extensions = [p.with_name(p.name + suffix) for p in found]
-    return [p for p in [*extensions, *(ROOT / "worker").glob("native__mypyc*")] if p.exists()]
+    return sorted((ROOT / "worker").rglob(f"*{suffix}"))
 
 
 def clean() -> None:
