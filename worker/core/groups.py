@@ -23,6 +23,8 @@ class Group:
     end: int  # index after the last message (exclusive)
     kind: GroupKind
     complete: bool  # every tool call in the group has its result in the group
+    # Holds a provider-native compaction or what it superseded: never compacted again.
+    native: bool = False
 
     def indices(self) -> range:
         return range(self.start, self.end)
@@ -77,13 +79,16 @@ def _group(messages: list[Message], start: int, end: int) -> Group:
         kind = "user"
     else:
         kind = "assistant"
-    return Group(start=start, end=end, kind=kind, complete=calls <= answered)
+    native = any(m.superseded or m.native_compaction for m in part)
+    return Group(start=start, end=end, kind=kind, complete=calls <= answered, native=native)
 
 
-def leading_system_count(groups: list[Group]) -> int:
-    """How many groups at the front are system messages (they always stay)."""
+def fixed_head_count(groups: list[Group]) -> int:
+    """How many groups at the front always stay: system messages, and a provider-native
+    compaction with everything before it (the provider reads only the compaction; we never
+    compact either again)."""
     n = 0
-    while n < len(groups) and groups[n].kind == "system":
+    while n < len(groups) and (groups[n].kind == "system" or groups[n].native):
         n += 1
     return n
 

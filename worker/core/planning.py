@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worker.config import CompactionConfig, ToolConfig, ToolHint
-from worker.core.groups import Group, group_messages, leading_system_count, protected_tail_start
+from worker.core.groups import Group, fixed_head_count, group_messages, protected_tail_start
 from worker.wire.events import SUMMARY_MARKER, ToolCallPolicy
 from worker.wire.models import Message, ToolCall
 
@@ -78,7 +78,7 @@ TokenCount = Callable[[Message], int]
 def compactable_groups(messages: list[Message]) -> tuple[list[Group], int, int]:
     """(groups, first compactable group, first protected group)."""
     groups = group_messages(messages)
-    return groups, leading_system_count(groups), protected_tail_start(groups)
+    return groups, fixed_head_count(groups), protected_tail_start(groups)
 
 
 def plan_range(

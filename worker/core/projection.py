@@ -269,7 +269,10 @@ TOOL_CALL_OVERHEAD_TOKENS = 3
 
 def count_message_tokens(message: Message, tokenizer: Tokenizer) -> int:
     """Tokens of one message: exact tiktoken counts of its texts plus the chat framing, plus
-    its images and files as the provider bills them (:mod:`worker.wire.media`)."""
+    its images and files as the provider bills them (:mod:`worker.wire.media`). A message a
+    provider-native compaction superseded costs nothing: the provider does not read it."""
+    if message.superseded:
+        return 0
     n = MESSAGE_OVERHEAD_TOKENS + tokenizer.count(message.role)
     if message.content:
         n += tokenizer.count(message.content)

@@ -71,7 +71,33 @@ class Evaluation:
     @property
     def counted_by(self) -> str:
         prefix = "usage+" if self.usage is not None else ""
-        return prefix + self.tokenizer_counted_by
+        suffix = "+opaque-estimate" if self._estimated_opaque else ""
+        return prefix + self.tokenizer_counted_by + suffix
+
+    @property
+    def _estimated_opaque(self) -> bool:
+        """Whether an opaque payload outside the usage prefix was counted by the estimate."""
+        after = self.usage.message_count if self.usage is not None else 0
+        return any(
+            a.kind == "opaque"
+            for m in self.counted.source
+            if m.source_index >= after and not m.superseded
+            for a in m.attachments
+        )
+
+    @property
+    def unknown_types(self) -> dict[str, int]:
+        """Block and item types the formats do not know, counted in the request."""
+        found: dict[str, int] = {}
+        for m in self.counted.source:
+            if not m.superseded:
+                for kind in m.unknown_types:
+                    found[kind] = found.get(kind, 0) + 1
+        return dict(sorted(found.items()))
+
+    @property
+    def native_compaction(self) -> bool:
+        return any(m.native_compaction for m in self.counted.source)
 
     @property
     def over_threshold(self) -> bool:
@@ -103,6 +129,8 @@ class Evaluation:
             usage_ignored=self.usage_ignored,
             request_id=self.request_id,
             instructions_sha256=self.instructions_sha256,
+            unknown_types=self.unknown_types,
+            native_compaction=self.native_compaction,
         )
 
 

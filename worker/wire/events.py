@@ -55,7 +55,15 @@ class Trigger(_Published):
 
     A compaction someone asked for (``POST .../compact``, ``Client.compact_now``) has ``kind``
     ``"requested"``, its ``request_id``, and ``instructions_sha256``: the SHA-256 of the
-    instructions it was given (their text never reaches an event), null without any."""
+    instructions it was given (their text never reaches an event), null without any.
+
+    ``counted_by`` ends in ``+opaque-estimate`` when payloads the service cannot read (a
+    Responses ``compaction`` item's encrypted content, a block or item of a type the formats do
+    not know) were counted by the conservative estimate rather than covered by ``usage``.
+    ``unknown_types``: how many blocks or items of each type the formats do not know the
+    request holds (carried as they came, never read; docs/native-compaction.md). ``native_
+    compaction``: the request opens at a provider-native compaction; everything before it was
+    neither counted nor compacted."""
 
     kind: str
     threshold_tokens: int | None = None
@@ -65,6 +73,8 @@ class Trigger(_Published):
     usage_ignored: str | None = None
     request_id: str | None = None
     instructions_sha256: str | None = None
+    unknown_types: dict[str, int] = Field(default_factory=dict)
+    native_compaction: bool = False
 
 
 class Fidelity(_Published):

@@ -27,7 +27,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 Provider = Literal["openai", "anthropic"]
-Kind = Literal["image", "file"]
+# ``opaque``: a payload the service cannot read (encrypted, or of a type the format does not
+# know), counted by an estimate from its size (:func:`opaque`).
+Kind = Literal["image", "file", "opaque"]
 
 OPENAI_LOW_TOKENS = 85
 OPENAI_BASE_TOKENS = 85
@@ -44,8 +46,9 @@ HEADER_CHARS = 64 * 1024
 
 
 class Attachment(BaseModel):
-    """An image or file of a message: its kind, what it costs, and how it is named to a
-    summarizer (``label``: media type and size, never its bytes or URL)."""
+    """An image, file or opaque payload of a message: its kind, what it costs, and how it is
+    named to a summarizer (``label``: media type and size, or the payload's type; never its
+    bytes, URL or content)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -223,6 +226,20 @@ def url_image(rules: MediaRules, url: str, detail: str = "auto") -> Attachment:
 def file(rules: MediaRules, name: str) -> Attachment:
     """A document or file part: the fixed estimate (its pages are not read)."""
     return Attachment(kind="file", tokens=rules.file_tokens, label=name or "file")
+
+
+# An opaque payload is counted as one token per OPAQUE_CHARS_PER_TOKEN characters of its JSON
+# text: more than any tokenizer's average for text (about 3.8 characters a token on the corpus),
+# so a payload whose real cost is unknown is never counted short.
+OPAQUE_CHARS_PER_TOKEN = 3
+
+
+def opaque(label: str, chars: int) -> Attachment:
+    """A payload of ``chars`` characters that the service cannot read, named by ``label`` (its
+    type, never its content), at the conservative estimate."""
+    return Attachment(
+        kind="opaque", tokens=-(-max(chars, 0) // OPAQUE_CHARS_PER_TOKEN), label=label
+    )
 
 
 def placeholder(n: int, message_id: str, attachment: Attachment) -> str:

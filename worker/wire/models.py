@@ -46,8 +46,16 @@ class Message(_Frozen):
     (an Anthropic message may yield several of these; -1 is Anthropic's top-level system).
     ``joins_next``: the message belongs with the one after it and is never separated from it
     (a Responses ``reasoning`` item and the call or message it produced). ``attachments``: its
-    images and files, with what each costs (:mod:`worker.wire.media`); their bytes stay in the wire
-    message."""
+    images, files and opaque payloads, with what each costs (:mod:`worker.wire.media`); their
+    bytes stay in the wire message.
+
+    Provider-native compaction (docs/native-compaction.md): ``native_compaction`` marks a message
+    that holds the provider's own compaction of everything before it (an Anthropic ``compaction``
+    block with content, a Responses ``compaction`` item). The provider reads nothing before the
+    newest one, so every message before it is ``superseded``: not counted, never compacted or
+    summarized again (the transcript still keeps it). ``unknown_types``: the block or item types
+    of this wire message that the format does not know, carried as they came, never read into
+    the text, counted by an estimate (an ``opaque`` attachment each)."""
 
     id: str
     role: Role
@@ -59,6 +67,9 @@ class Message(_Frozen):
     source_index: int
     joins_next: bool = False
     attachments: tuple[Attachment, ...] = ()
+    native_compaction: bool = False
+    superseded: bool = False
+    unknown_types: tuple[str, ...] = ()
 
     @property
     def attachment_tokens(self) -> int:

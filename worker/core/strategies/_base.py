@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from worker.core.groups import Group, group_messages, leading_system_count, protected_tail_start
+from worker.core.groups import Group, fixed_head_count, group_messages, protected_tail_start
 from worker.wire.models import Message
 
 OMITTED_TOOL_RESULT = "[tool result omitted]"
@@ -38,7 +38,7 @@ def keep_newest_groups(
     exceeds ``budget``: the bound holds wherever it can.
     """
     groups = group_messages(messages)
-    lead = leading_system_count(groups)
+    lead = fixed_head_count(groups)
     first = max(protected_tail_start(groups), lead)
 
     def group_cost(group: Group) -> int:

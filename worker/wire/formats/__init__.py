@@ -196,7 +196,27 @@ def normalize(
                 names.update((c.id, c.name) for c in message.tool_calls)
             out.append(message)
     _continue_pairing(out[checked:], pairing)
-    return out, pairing
+    return supersede(out), pairing
+
+
+def supersede(messages: list[Message]) -> list[Message]:
+    """``messages`` with every message before the newest provider-native compaction marked
+    ``superseded`` (the provider reads nothing before it; docs/native-compaction.md), and no
+    other. System messages are never superseded: the system prompt goes with every request.
+    Only messages whose mark changes are copied, so a grown snapshot's reused messages stay the
+    very same objects."""
+    boundary = next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].native_compaction), -1
+    )
+    source = messages[boundary].source_index if boundary >= 0 else None
+    out = messages
+    for i, m in enumerate(messages):
+        wanted = i < boundary and m.source_index != source and m.role != "system"
+        if m.superseded != wanted:
+            if out is messages:
+                out = list(messages)
+            out[i] = m.model_copy(update={"superseded": wanted})
+    return out
 
 
 def _reusable_run(

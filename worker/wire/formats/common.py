@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from worker.errors import InvalidSnapshot
-from worker.wire.media import MediaRules
-from worker.wire.models import Message
+from worker.wire import media
+from worker.wire.media import Attachment, MediaRules
+from worker.wire.models import Message, canonical_json
 
 # A format's reader of one wire message into one internal message:
 # (index, raw, message id, tool names by call id, media rules) -> message.
@@ -48,3 +49,43 @@ def normalizes_to(m: Message, src: dict[str, Any], normalize: Normalizer) -> boo
     except InvalidSnapshot:
         return False
     return fresh.model_copy(update={"attachments": m.attachments}) == m
+
+
+# Fields whose values the service never reads: encrypted state, signatures, inline binary
+# payloads, and the ids of objects that live on the provider's side (``id`` and every
+# ``*_id``). They never reach a message's text (so never a summary, a name list, an event or a
+# log) and are carried byte for byte wherever their block or item is carried.
+OPAQUE_FIELDS = frozenset(
+    {"encrypted_content", "signature", "data", "file_data", "encrypted_index", "image_url"}
+)
+# A string that is a data URL (an inline image or file) is opaque wherever it sits.
+_DATA_URL = "data:"
+
+
+def is_opaque_field(key: str) -> bool:
+    return key in OPAQUE_FIELDS or key == "id" or key.endswith("_id")
+
+
+def readable(value: Any) -> Any:
+    """``value`` (a block, an item, a part of one) without its opaque fields, at any depth:
+    what of it a summarizer may read."""
+    if isinstance(value, dict):
+        return {
+            k: readable(v)
+            for k, v in value.items()
+            if not is_opaque_field(k) and not (isinstance(v, str) and v.startswith(_DATA_URL))
+        }
+    if isinstance(value, list):
+        return [readable(v) for v in value if not (isinstance(v, str) and v.startswith(_DATA_URL))]
+    return value
+
+
+def readable_json(value: Any) -> str:
+    """The canonical JSON of :func:`readable` ``(value)``."""
+    return canonical_json(readable(value))
+
+
+def unknown_payload(kind: str, raw: dict[str, Any]) -> Attachment:
+    """A block or item of a type the format does not know: carried as it came, never read,
+    counted by the conservative estimate of its JSON's size (named by its type alone)."""
+    return media.opaque(f"{kind} (unknown type, not read)", len(canonical_json(raw)))
