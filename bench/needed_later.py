@@ -124,8 +124,13 @@ class Product:
         return self.runs[bound]
 
     def _run(self, bound: int) -> ProductRun | None:
+        # Compacted now, whatever it gains, with the carried turns fitted under the threshold
+        # itself: this compares what is kept at equal size, not when compacting pays.
         config = CompactionConfig(
-            auto_compact_threshold_tokens=self.threshold, summary_max_output_tokens=bound
+            auto_compact_threshold_tokens=self.threshold,
+            summary_max_output_tokens=bound,
+            min_gain_percent=0,
+            auto_compact_target_percent=100,
         )
         pipeline = Pipeline(Settings(compaction=config), Adapters(store=self.store), self.reuse)
         event = pipeline.run(pipeline.parse(self.snapshot))[-1]

@@ -392,6 +392,11 @@ def test_async_session_compact_and_tool(stack: Stack) -> None:
             assert await session.wait_settled(timeout_s=SETTLE_S)
             first = await session.compact("keep mod_2")
             await applied_count(session, 1)
+            # The agent works on: a second compaction right away would not pay (it would only
+            # summarize the first one's summary again), so it is answered as a skip.
+            more = conversation("as-1", 12, id_prefix="more-")["messages"][2:-1]
+            await session.extend(more)
+            assert await session.wait_settled(timeout_s=SETTLE_S)
             # (asked while the first still waited, the second would have replaced it)
             answer = await session.compact_tool().handler({"instructions": "keep mod_9"})
             assert answer.startswith("Compaction requested"), answer

@@ -123,6 +123,8 @@ def test_tool_hints_are_frozen_into_the_event_and_shape_the_replacement(tmp_path
             "bash": {"compaction": "strip-requests"},
         },
     )
+    # The whole threshold as the target: what each hint carries is the point, not how much.
+    snap["config"]["auto_compact_target_percent"] = 100
     event = _compact(snap, tmp_path)
     c = event.compaction
     assert c is not None

@@ -317,7 +317,8 @@ def test_a_strategy_that_would_not_shorten_the_request_is_skipped(tmp_path: Path
     snap = conversation("c-mask", 12, window=probe.trigger.projected_tokens * 6 // 5)
     skipped = run(tmp_path / "a", snap, reduction="masking")[-1]
     assert isinstance(skipped, SkippedEvent), skipped
-    assert "masking reduction keeps it or would not make the request smaller" in skipped.reason
+    assert skipped.why == "no_gain"
+    assert "less than the minimum gain" in skipped.reason and "not published" in skipped.reason
     assert not list((tmp_path / "a").rglob("*.json*"))  # no transcript written either
 
 

@@ -375,8 +375,9 @@ def test_anthropic_carried_turns_and_results_keep_their_images(tmp_path: Path) -
     messages += [turn, {"id": "a9", "role": "assistant", "content": "Yes."},
                  {"id": "u2", "role": "user", "content": "Go on."},
                  {"id": "last", "role": "assistant", "content": "Done."}]  # fmt: skip
+    # The whole threshold as the target: what is carried here is the point, not how much.
     snap = _snap(messages, fmt="anthropic", auto_compact_threshold_tokens=3000,
-                 summary_max_output_tokens=300)  # fmt: skip
+                 summary_max_output_tokens=300, auto_compact_target_percent=100)  # fmt: skip
     event = _compact(snap, tmp_path, Recording())
     assert turn in event.compaction.replacement
 

@@ -18,7 +18,7 @@ from service_support import client_for, conversation, wait_for_outcome
 from worker.config import Settings
 from worker.core.inspection import compaction_view
 from worker.pipeline import Adapters, Pipeline
-from worker.pipeline.preparation import prepare
+from worker.pipeline.preparation import plan_compaction, prepare
 from worker.reuse import Reuse
 from worker.summarize import SummaryRequest
 from worker.summarize.digest import DigestSummarizer
@@ -106,8 +106,10 @@ def test_the_digest_is_written_from_the_redacted_range(planted: Planted, tmp_pat
     pipeline = runner(tmp_path)
     snap = planted_conversation("c-dig", [planted])
     context = pipeline.context(pipeline.parse(json.dumps(snap).encode()))
-    prepared = prepare(context, pipeline.evaluate(context).evaluation)
-    assert prepared is not None
+    evaluation = pipeline.evaluate(context).evaluation
+    planned = plan_compaction(context, evaluation)
+    assert planned is not None and planned.pays
+    prepared = prepare(context, evaluation, planned)
     raw = json.dumps([m.model_dump() for m in prepared.plan.to_summarize])
     assert leaked(planted.secret, raw)  # the range held it ...
     assert not leaked(planted.secret, prepared.request.model_dump_json())  # ... its input not

@@ -230,5 +230,5 @@ def test_wrong_events_fail(run_cli: CliRunner) -> None:
     relabelled = copy.deepcopy(completed) | {"type": "compaction.skipped"}
     assert errors("compaction.completed.schema.json", relabelled)  # not a completed one ...
     assert errors("event.schema.json", relabelled)  # ... nor a skipped one (it has no reason)
-    relabelled["reason"] = "below the threshold"
+    relabelled |= {"reason": "below the threshold", "why": "below", "floor": None}
     assert errors("event.schema.json", relabelled) == []  # readers ignore unknown fields

@@ -17,7 +17,7 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,8 @@ from pydantic import (
     Field,
     PrivateAttr,
     SecretStr,
+    StrictInt,
+    StringConstraints,
     ValidationError,
     field_validator,
 )
@@ -83,6 +85,12 @@ class CompactionConfig(_Strict):
     preserve_recent_delegation_results: int = Field(default=8, ge=0)
     max_persisted_transcripts: int | None = Field(default=10, ge=1)
     # --- extensions ---
+    # When a compaction pays (docs/configuration.md, "When a compaction pays"): it is made only
+    # when it can shrink the request by at least min_gain_percent of its tokens, and published
+    # only when it did; it aims at auto_compact_target_percent of the threshold, so that the
+    # turns after it have room before the next one.
+    min_gain_percent: int = Field(default=10, ge=0, le=100)
+    auto_compact_target_percent: int = Field(default=50, ge=1, le=100)
     delegation_tools: list[str] = Field(default_factory=lambda: ["delegate_task", "task", "agent"])
     min_summary_fidelity: float = Field(default=0.5, ge=0.0, le=1.0)
     compress_tool_results: bool = True
@@ -154,6 +162,27 @@ class CompactionConfig(_Strict):
             return _share(context_window, percent)
         return self.auto_compact_threshold_tokens
 
+    def target_tokens(self, threshold: int | None) -> int | None:
+        """The size a compaction aims at: ``auto_compact_target_percent`` of the threshold."""
+        if threshold is None:
+            return None
+        return threshold * self.auto_compact_target_percent // 100
+
+    def summary_output_bound(self, threshold: int | None) -> int:
+        """The summary's bound in tokens: ``summary_max_output_tokens`` when it was set (in the
+        file, the environment or the snapshot), else a quarter of the target, between
+        :data:`MIN_DERIVED_SUMMARY_TOKENS` and the default: a small window gets a summary that
+        leaves it room, so that it cannot compact on every turn."""
+        target = self.target_tokens(threshold)
+        if "summary_max_output_tokens" in self.model_fields_set or target is None:
+            return self.summary_max_output_tokens
+        derived = max(target // 4, MIN_DERIVED_SUMMARY_TOKENS)
+        return min(derived, self.summary_max_output_tokens)
+
+    def min_gain_tokens(self, tokens_before: int) -> int:
+        """The fewest tokens a compaction of a ``tokens_before`` request must save."""
+        return max(-(-tokens_before * self.min_gain_percent // 100), 1)
+
     def auto_compact_enabled(self) -> bool:
         """Whether auto-compaction can fire at all, for some context window."""
         if self.auto_compact_trigger == "off":
@@ -161,6 +190,11 @@ class CompactionConfig(_Strict):
         if self.auto_compact_trigger == "window_share_only":
             return self.auto_compact_threshold_percent is not None
         return self.auto_compact_threshold_tokens is not None
+
+
+# The least a derived summary bound is (CompactionConfig.summary_output_bound): below it a
+# summary cannot say what the task is and where it stands.
+MIN_DERIVED_SUMMARY_TOKENS = 256
 
 
 def _share(context_window: int, percent: int) -> int:
@@ -398,14 +432,31 @@ class HttpConfig(_Strict):
     _none_ok = field_validator("api_keys_file", "max_body_bytes", mode="before")(_none_word)
 
 
+# A model's context window as the proxy reads it (a request header, [proxy.context_windows]):
+# fewer tokens than this is a mistake (a window given in thousands, 200 meant as 200,000, would
+# compact every turn), more is larger than any model's.
+MIN_CONTEXT_WINDOW = 1_024
+MAX_CONTEXT_WINDOW = 100_000_000
+ContextWindowTokens = Annotated[StrictInt, Field(ge=MIN_CONTEXT_WINDOW, le=MAX_CONTEXT_WINDOW)]
+# A model name of [proxy.context_windows]: what providers' model ids are made of
+# ("claude-sonnet-4-5@20250929", "llama3.1:8b", "Qwen/Qwen2.5-7B-Instruct"), so that the proxy
+# can report the name it matched in a header as it is.
+ModelName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/@+-]{1,256}$")]
+
+
 class ProxyConfig(_Strict):
-    """``[proxy]``: where ``/proxy/...`` forwards. The agent's own key is passed through."""
+    """``[proxy]``: where ``/proxy/...`` forwards. The agent's own key is passed through.
+    ``context_windows`` (model name -> tokens) add to or replace the built-in table of models'
+    context windows (worker/core/windows.py); ``builtin_context_windows = false`` uses only
+    them."""
 
     openai_base_url: str = "https://api.openai.com/v1"
     anthropic_base_url: str = "https://api.anthropic.com"
     connect_timeout_s: float = Field(default=10.0, gt=0)
     read_timeout_s: float = Field(default=600.0, gt=0)  # between two chunks of the reply
     max_connections: int = Field(default=200, ge=1)
+    context_windows: dict[ModelName, ContextWindowTokens] = Field(default_factory=dict)
+    builtin_context_windows: bool = True
 
 
 class WebhooksConfig(_Strict):
@@ -485,7 +536,9 @@ class Settings(_Strict):
         """These settings with a snapshot's own ``config`` and ``tools`` applied on top."""
         if not config and not tools:
             return self
-        merged = self.compaction.model_dump() | dict(config or {})
+        # Only what was set, so that what the snapshot leaves unset stays unset (a derived
+        # summary bound stays derived).
+        merged = self.compaction.model_dump(exclude_unset=True) | dict(config or {})
         tool_map = {k: v.model_dump() for k, v in self.tools.items()} | dict(tools or {})
         return self.model_copy(
             update={

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from worker.api.conversations import Page
+from worker.core.cost import usd
 from worker.core.inspection import CompactionView, Point, Section, Timeline
 from worker.wire.events import Cost
 
@@ -372,11 +373,18 @@ def cost_line(cost: Cost | None) -> str:
     if not cost.priced:
         return f"{saved}; {cost.note or 'no prices'}"
     even = "never" if cost.break_even_turns is None else f"{cost.break_even_turns} turns"
-    return (
-        f"{saved} (${cost.saving_per_turn_usd:.4f}); spent ${cost.summary_usd:.4f} summary, "
-        f"${cost.cache_write_usd:.4f} cache write; breaks even in {even}; expected net "
-        f"${cost.expected_net_usd:.4f} over {cost.horizon_turns} turns"
+    line = (
+        f"{saved} ({_usd(cost.saving_per_turn_usd)}); spent {_usd(cost.summary_usd)} summary, "
+        f"{_usd(cost.cache_write_usd)} cache write; breaks even in {even}; expected net "
+        f"{_usd(cost.expected_net_usd)} over {cost.horizon_turns} turns"
     )
+    if cost.estimated_net_usd is not None:
+        line += f" (estimated {_usd(cost.estimated_net_usd)} when the cost policy decided)"
+    return line
+
+
+def _usd(amount: float | None) -> str:
+    return "unknown" if amount is None else usd(amount)
 
 
 def compaction_page(

@@ -10,8 +10,12 @@ first applies the conversation's compactions to the history the agent sent (all 
 once when it is the full history, however many there were; :mod:`worker.api.compacted`),
 forwards the shorter history, and once the reply is complete submits the history the agent sent
 plus the reply as the conversation's next snapshot (revision: a counter in Redis,
-``cw:{<conv>}:proxyrev``). The reply carries ``X-Compactor-*`` headers saying what was applied
-and the conversation's newest outcome. Without the header a request is forwarded untouched.
+``cw:{<conv>}:proxyrev``). The snapshot's model has a context window when one is known: the
+agent's ``X-Compactor-Context-Window`` header, else the window of the request's ``model`` in
+``[proxy.context_windows]`` and the built-in table (:mod:`worker.core.windows`), so that
+``auto_compact_threshold_percent`` applies per agent. The reply carries ``X-Compactor-*``
+headers saying what was applied, the window used and the conversation's newest outcome.
+Without the conversation header a request is forwarded untouched.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from worker.api.auth import Tenant, bearer
-from worker.api.common import ApiError, json_body
+from worker.api.common import ApiError, integer_param, json_body
 from worker.api.compacted import compacted_history
 from worker.api.state import Api
 from worker.backend import keys
+from worker.config import MAX_CONTEXT_WINDOW, MIN_CONTEXT_WINDOW
+from worker.core.windows import ContextWindow, window_for
 from worker.errors import CompactorError, InvalidSnapshot, TransientError
 from worker.wire import formats
 
@@ -48,6 +54,9 @@ return revision
 
 CONVERSATION_HEADER = "x-compactor-conversation"
 KEY_HEADER = "x-compactor-key"
+CONTEXT_WINDOW_HEADER = "x-compactor-context-window"
+# How the agent and the reply spell it (header names are case-insensitive).
+_WINDOW_NAME = "X-Compactor-Context-Window"
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy sets itself.
 _HOP = {
     "connection",
@@ -103,6 +112,7 @@ class _Plan:
     content_type: str = ""
     complete: bool = False
     headers: dict[str, str] = field(default_factory=dict)  # what was applied, for the agent
+    window: ContextWindow | None = None  # the model's, when known
 
 
 class Proxy:
@@ -155,7 +165,7 @@ class Proxy:
         if plan is not None:
             plan.status = reply.status_code
             plan.content_type = reply.headers.get("content-type", "")
-            back |= plan.headers
+            back |= plan.headers | window_headers(plan.window)
         return StreamingResponse(
             self._relay(reply, plan),
             status_code=reply.status_code,
@@ -180,7 +190,8 @@ class Proxy:
         """The request with the conversation's matching compactions applied. A history this
         proxy cannot read as a list of items (the Responses API also takes a plain string as
         ``input``) goes upstream as it came, and is not submitted: the proxy never refuses a
-        request the provider would take."""
+        request the provider would take (a bad ``X-Compactor-Context-Window`` is refused: the
+        header is ours, never the provider's)."""
         given = request.headers.get(KEY_HEADER)
         tenant = self.api.keys.tenant(bearer(given) or given)
         if tenant is None:
@@ -189,12 +200,13 @@ class Proxy:
             internal = tenant.internal(request.headers[CONVERSATION_HEADER])
         except InvalidSnapshot as exc:
             raise ApiError(422, exc.to_dict()) from None
+        stated = given_window(request)
         body = json_body(raw, self.api.body_limit)
         history = body.get(upstream.history) if isinstance(body, dict) else None
         if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
             log.info("proxy: %s is not a list of items; forwarded as it came", upstream.history)
             return None, raw
-        plan = _Plan(tenant, internal, upstream, body)
+        plan = _Plan(tenant, internal, upstream, body, window=self._window(stated, body))
         try:
             result = await compacted_history(self.api, internal, upstream.wire, history)
         except TransientError as exc:  # Redis away: the agent's request still goes, as it came
@@ -209,6 +221,16 @@ class Proxy:
             return plan, raw
         forwarded = body | {upstream.history: result.messages}
         return plan, json.dumps(forwarded, ensure_ascii=False).encode("utf-8")
+
+    def _window(self, given: int | None, body: dict[str, Any]) -> ContextWindow | None:
+        """The window the agent gave, else the one of the request's model, if known."""
+        if given is not None:
+            return ContextWindow(given, "header")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return None
+        cfg = self.api.settings.proxy
+        return window_for(model, cfg.context_windows, builtin=cfg.builtin_context_windows)
 
     async def _finish(self, plan: _Plan | None) -> None:
         """After the reply: submit the history the agent sent plus the reply (in the
@@ -235,7 +257,7 @@ class Proxy:
                 "conversation_id": plan.internal,
                 "revision": int(revision),
                 "format": plan.upstream.wire,
-                "model": {"name": str(plan.body.get("model", ""))[:256]},
+                "model": _model_info(plan),
                 "messages": history,
             }
             if plan.upstream.wire == "anthropic" and plan.body.get("system") is not None:
@@ -248,6 +270,35 @@ class Proxy:
             )
         except Exception:  # a bug: logged, never raised into the server
             log.exception("proxy: submitting a snapshot of %s failed", plan.internal)
+
+
+def given_window(request: Request) -> int | None:
+    """The agent's ``X-Compactor-Context-Window`` (None: not given); a 422 naming the header
+    when it is not one integer in range."""
+    values = request.headers.getlist(CONTEXT_WINDOW_HEADER)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ApiError.of(422, "invalid_request", f"{_WINDOW_NAME}: given more than once")
+    return integer_param(values[0].strip(), _WINDOW_NAME, MIN_CONTEXT_WINDOW, MAX_CONTEXT_WINDOW)
+
+
+def window_headers(window: ContextWindow | None) -> dict[str, str]:
+    """The reply's report of the window the snapshot carries: its size, and where it came from
+    (``header``, or ``config`` / ``builtin`` with the table's name the model matched, as an RFC
+    8941 item: ``builtin;model="gpt-4.1"``). None: no headers (the absolute threshold
+    decides)."""
+    if window is None:
+        return {}
+    origin = f'{window.origin};model="{window.name}"' if window.name else window.origin
+    return {_WINDOW_NAME: str(window.tokens), f"{_WINDOW_NAME}-Origin": origin}
+
+
+def _model_info(plan: _Plan) -> dict[str, Any]:
+    info: dict[str, Any] = {"name": str(plan.body.get("model", ""))[:256]}
+    if plan.window is not None:
+        info["context_window"] = plan.window.tokens
+    return info
 
 
 def reply_message(wire: str, raw: bytes, content_type: str) -> dict[str, Any] | None:

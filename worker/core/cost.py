@@ -266,12 +266,20 @@ def decide(
     gain = cost.expected_net_usd
     if cost.cache_warm is False:  # the cache expires before the next turn: no warm prefix lost
         if gain > 0:
-            return verdict(True, f"cache cold; expected net gain ${gain:.6f} > 0")
-        return verdict(False, f"cache cold; expected net gain ${gain:.6f} <= 0")
+            return verdict(True, f"cache cold; estimated net gain {usd(gain, 6)} > 0")
+        return verdict(False, f"cache cold; estimated net gain {usd(gain, 6)} <= 0")
     minimum = config.cost_min_gain_usd
     if gain >= minimum and gain > 0:
-        return verdict(True, f"expected net gain ${gain:.6f} >= minimum ${minimum:.6f}")
-    return verdict(False, f"expected net gain ${gain:.6f} < minimum ${minimum:.6f} (cache warm)")
+        return verdict(True, f"estimated net gain {usd(gain, 6)} >= minimum {usd(minimum, 6)}")
+    return verdict(
+        False, f"estimated net gain {usd(gain, 6)} < minimum {usd(minimum, 6)} (cache warm)"
+    )
+
+
+def usd(amount: float, places: int = 4) -> str:
+    """A dollar amount as people write it: ``$0.0045``, ``-$0.0045`` (never ``$-0.0045``)."""
+    sign = "-" if amount < 0 else ""
+    return f"{sign}${abs(amount):.{places}f}"
 
 
 def ceiling_tokens(threshold: int, context_window: int | None, config: CompactionConfig) -> int:

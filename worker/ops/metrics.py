@@ -14,6 +14,14 @@ _HELP = {
     "snapshots_rejected_total": "Snapshots rejected as invalid.",
     "compactions_completed_total": "Compactions published.",
     "compactions_skipped_total": "Evaluations that did not need a compaction.",
+    "compactions_floor_total": (
+        "Skips because a compaction could not pay: what it cannot remove leaves less than the "
+        "minimum gain (skipped why=floor)."
+    ),
+    "compactions_no_gain_total": (
+        "Compactions made but not published: they saved less than the minimum gain "
+        "(skipped why=no_gain)."
+    ),
     "compactions_failed_total": "Compactions that failed (an event says why).",
     "compactions_requested_total": "Compactions asked for on demand (whatever their outcome).",
     "compactions_reverted_total": "Compactions restored (undone) through the API or inspector.",

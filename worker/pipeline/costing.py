@@ -72,7 +72,8 @@ def estimated_cost(
         users = sum(counts[i] for i in inside if messages[i].role == "user")
     carried = min(users, config.preserve_recent_user_tokens)
     summarized = max(ranged - carried, 0)
-    summary_out = min(config.summary_max_output_tokens, summarized * SUMMARY_SHARE // 100)
+    bound = config.summary_output_bound(evaluation.threshold)
+    summary_out = min(bound, summarized * SUMMARY_SHARE // 100)
     after = REPLY_PRIMING_TOKENS + kept + carried + summary_out + max(beyond, 0)
     return _cost(
         context,
@@ -115,7 +116,7 @@ def measured_cost(
     summary_input_tokens: int,
     activity: model.Activity,
     *,
-    decision: str | None,
+    decision: model.CostDecision | None,
 ) -> Cost:
     """The cost of a compaction made: its real counts and summary."""
     config = context.config
@@ -131,7 +132,11 @@ def measured_cost(
         ),
         has_llm=compaction.summary.source == "llm",
     )
-    return cost.model_copy(update={"decision": decision}) if decision else cost
+    if decision is None:
+        return cost
+    # The decision was made on the estimate: both are published, each under its own name.
+    estimated = decision.cost.expected_net_usd
+    return cost.model_copy(update={"decision": decision.reason, "estimated_net_usd": estimated})
 
 
 def _cost(context: SnapshotContext, inputs: model.CostInputs, *, has_llm: bool) -> Cost:

@@ -18,7 +18,12 @@ from worker.pipeline.costing import activity_of, estimated_cost, measured_cost, 
 from worker.pipeline.describe import build_compaction, transcript_payload
 from worker.pipeline.evaluation import Evaluation, evaluate
 from worker.pipeline.memo import MemoUpdate, StoredBlob, evaluate_with_memo
-from worker.pipeline.preparation import PreparedCompaction, prepare
+from worker.pipeline.preparation import (
+    PlannedCompaction,
+    PreparedCompaction,
+    plan_compaction,
+    prepare,
+)
 from worker.pipeline.reduction import PreparedReduction, build_reduction, prepare_reduction
 from worker.pipeline.summary import LLMTracing, summarize
 from worker.reuse import Reuse
@@ -215,6 +220,12 @@ class Pipeline:
                 reason=reason,
                 trigger=evaluation.trigger(),
             )
+        elif context.config.reduction == "summary":
+            # Decided here, on the fast queue: a compaction that cannot pay is never handed to
+            # the summarizer (nor costs an LLM call).
+            planned = plan_compaction(context, evaluation)
+            if planned is not None and not planned.pays:
+                skipped = floor_skipped(context, evaluation, planned, now)
         return Verdict(evaluation=evaluation, elided=elided, skipped=skipped, memo=update)
 
     def _decided(
@@ -258,19 +269,9 @@ class Pipeline:
         stages is added (:func:`worker.ops.metrics.latency_counters`). ``instructions``: a
         requested compaction's focus, for the summarizer only."""
         context = self._context(snapshot)
-        parsed = context.parsed
-        request_id = evaluation.request_id
         planned = self._planned(context, evaluation, instructions, timings)
-        if planned is None:
-            skipped = skipped_event(
-                parsed.conversation_id,
-                parsed.revision,
-                self.adapters.now(),
-                why="nothing",
-                reason=_nothing_reason(context, request_id),
-                trigger=evaluation.trigger(),
-            )
-            return _of_request(skipped, "nothing", request_id)
+        if isinstance(planned, SkippedEvent):
+            return _of_request(planned, planned.why or "skipped", evaluation.request_id)
         event_id, source_tokens, make = planned
         if already_published(event_id):
             return None
@@ -282,24 +283,29 @@ class Pipeline:
         evaluation: Evaluation,
         instructions: str | None,
         timings: dict[str, float] | None,
-    ) -> tuple[str, int, Callable[[], Compaction]] | None:
+    ) -> tuple[str, int, Callable[[], Compaction]] | SkippedEvent:
         """(event id, tokens summarized, what builds the compaction) of the range, summarized
-        or reduced as ``[compaction] reduction`` says; None when there is nothing to compact."""
+        or reduced as ``[compaction] reduction`` says; the skip when there is nothing to
+        compact or the compaction cannot pay."""
+        now = self.adapters.now()
         if context.config.reduction != "summary":
             reduction = prepare_reduction(context, evaluation)
             if reduction is None:
-                return None
+                return _nothing_skipped(context, evaluation, now)
             # Pure and cheap, so made now: a strategy that would not make the request smaller
-            # (its placeholders outweighing what the projection already shortened) is no
-            # compaction worth breaking the provider's cache for.
+            # by the minimum gain (its placeholders outweighing what the projection already
+            # shortened) is no compaction worth breaking the provider's cache for.
             compaction = self._reduced(context, reduction, evaluation, timings)
-            if compaction.tokens_after >= compaction.tokens_before:
-                return None
+            if not _gained(context, compaction):
+                return no_gain_skipped(context, evaluation, compaction, now)
             # A strategy summarizes nothing: no summary input to cost.
             return reduction.event_id, 0, lambda: compaction
-        prepared = prepare(context, evaluation, instructions=instructions)
-        if prepared is None:
-            return None
+        planned = plan_compaction(context, evaluation)
+        if planned is None:
+            return _nothing_skipped(context, evaluation, now)
+        if not planned.pays:
+            return floor_skipped(context, evaluation, planned, now)
+        prepared = prepare(context, evaluation, planned, instructions=instructions)
         make = partial(self._summarized, context, prepared, evaluation, timings)
         return prepared.event_id, prepared.request.source_tokens, make
 
@@ -370,6 +376,11 @@ class Pipeline:
         conversation = {"gen_ai.conversation.id": parsed.conversation_id}
         try:
             compaction = make()
+            if not _gained(context, compaction):
+                # Made (an LLM may have been paid), but it would not pay for breaking the
+                # provider's cache: nothing is written or published as a compaction.
+                skipped = no_gain_skipped(context, evaluation, compaction, now())
+                return _of_request(skipped, "no_gain", evaluation.request_id)
             kind = store_kind(store)
             with self.adapters.telemetry.stage(
                 "store_write",
@@ -408,7 +419,7 @@ class Pipeline:
             compaction,
             source_tokens,
             evaluation.activity or activity_of(context, None, now()),
-            decision=decision.reason if decision is not None else None,
+            decision=decision,
         )
         return completed_event(
             parsed.conversation_id,
@@ -469,6 +480,74 @@ class Pipeline:
 
 
 _Outcome = TypeVar("_Outcome", SkippedEvent, FailedEvent)
+
+
+def _gained(context: SnapshotContext, compaction: Compaction) -> bool:
+    """Whether a compaction made saves at least the minimum gain."""
+    before = compaction.tokens_before
+    return before - compaction.tokens_after >= context.config.min_gain_tokens(before)
+
+
+def _nothing_skipped(
+    context: SnapshotContext, evaluation: Evaluation, now: datetime
+) -> SkippedEvent:
+    return skipped_event(
+        context.conversation_id,
+        context.revision,
+        now,
+        why="nothing",
+        reason=_nothing_reason(context, evaluation.request_id),
+        trigger=evaluation.trigger(),
+    )
+
+
+def floor_skipped(
+    context: SnapshotContext, evaluation: Evaluation, planned: PlannedCompaction, now: datetime
+) -> SkippedEvent:
+    """The skip of a compaction that cannot pay: what it cannot remove (the floor, by part)
+    leaves less than the minimum gain, even with a summary at its bound."""
+    floor = planned.floor
+    parts = ", ".join(
+        f"{name.replace('_', ' ')} {tokens}"
+        for name, tokens in floor.model_dump(exclude={"total"}).items()
+        if tokens
+    )
+    short = planned.required_gain - (planned.tokens_before - floor.total)
+    why = "requested" if evaluation.request_id else "over the threshold"
+    reason = (
+        f"{why}, but a compaction cannot pay: what it cannot remove ({parts}: {floor.total} "
+        f"tokens) leaves less than the gain of {planned.required_gain} tokens it must make "
+        f"from {planned.tokens_before}; waiting for {short} more tokens it can remove"
+    )
+    return skipped_event(
+        context.conversation_id,
+        context.revision,
+        now,
+        why="floor",
+        reason=reason,
+        trigger=evaluation.trigger(),
+        floor=floor,
+    )
+
+
+def no_gain_skipped(
+    context: SnapshotContext, evaluation: Evaluation, compaction: Compaction, now: datetime
+) -> SkippedEvent:
+    """The skip of a compaction that, made, saves less than the minimum gain."""
+    before, after = compaction.tokens_before, compaction.tokens_after
+    need = context.config.min_gain_tokens(before)
+    reason = (
+        f"the compaction would take the request from {before} to {after} tokens, less than the "
+        f"minimum gain of {need}: not published"
+    )
+    return skipped_event(
+        context.conversation_id,
+        context.revision,
+        now,
+        why="no_gain",
+        reason=reason,
+        trigger=evaluation.trigger(),
+    )
 
 
 def _nothing_reason(context: SnapshotContext, request_id: str | None) -> str:

@@ -4,8 +4,10 @@ verbatim, and the summary request for it."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from worker.config import CompactionConfig
 from worker.core.facts import extract_facts
 from worker.core.identifiers import CALLS, TEXT, code_names
 from worker.core.planning import (
@@ -16,13 +18,13 @@ from worker.core.planning import (
     plan_range,
     resolve_tool_policies,
 )
-from worker.core.projection import count_message_tokens, count_request_tokens
+from worker.core.projection import REPLY_PRIMING_TOKENS, count_message_tokens
 from worker.core.redaction import redact, redact_messages
 from worker.pipeline.context import SnapshotContext
 from worker.pipeline.evaluation import Evaluation
 from worker.summarize import SummaryRequest
 from worker.wire import formats
-from worker.wire.events import event_id_for
+from worker.wire.events import Floor, event_id_for
 from worker.wire.media import placeholders
 from worker.wire.models import Message
 
@@ -33,34 +35,108 @@ MUST_KEEP_NAMES = 40
 
 
 @dataclass(frozen=True)
+class PlannedCompaction:
+    """The range, what is carried, and the least the compaction would leave (``floor``), with
+    the summary's bound: what decides whether a compaction can pay before anything is paid."""
+
+    plan: RangePlan
+    policies: ToolPolicies
+    floor: Floor
+    summary_bound: int
+    tokens_before: int
+    required_gain: int
+
+    @property
+    def pays(self) -> bool:
+        """Whether even a summary at its bound leaves the request smaller by the gain a
+        compaction must make."""
+        return self.tokens_before - self.floor.total >= self.required_gain
+
+
+@dataclass(frozen=True)
 class PreparedCompaction:
     plan: RangePlan
     policies: ToolPolicies
     request: SummaryRequest  # its messages and earlier summary redacted
     event_id: str
     redactions: dict[str, int]  # what was redacted from the request, by kind
+    planned: PlannedCompaction
 
 
-def prepare(
-    context: SnapshotContext, evaluation: Evaluation, *, instructions: str | None = None
-) -> PreparedCompaction | None:
-    """Pick the range and what is carried; None when there is nothing to compact.
-    ``instructions``: the focus a requested compaction was given, for the summarizer."""
+# The summary message's framing beyond its text: the marker line and the message's own.
+SUMMARY_FRAMING_TOKENS = 16
+
+
+def plan_compaction(context: SnapshotContext, evaluation: Evaluation) -> PlannedCompaction | None:
+    """Pick the range and what is carried (fitted under the target), and count what the
+    compaction would leave; None when there is nothing to compact."""
     config = context.config
-    tokenizer = context.tokenizer
     policies = resolve_tool_policies(context.settings.tools)
-
-    def count(m: Message) -> int:
-        return count_message_tokens(m, tokenizer)
-
+    count = _counter(context)
     plan = plan_range(context.messages, config, policies, count=count)
     if plan is None or not (plan.to_summarize or plan.previous_summary):
         return None
-    budget = _carry_budget(context, evaluation, plan)
+    bound = config.summary_output_bound(evaluation.threshold)
+    kept = _kept_parts(evaluation, plan)
+    beyond = max(evaluation.usage.offset, 0) if evaluation.usage is not None else 0
+    summary_room = bound + SUMMARY_FRAMING_TOKENS
+    target = config.target_tokens(evaluation.threshold)
+    budget = (
+        1 << 62
+        if target is None
+        else target - kept.system - kept.native_compaction - kept.protected - beyond - summary_room
+    )
     order = {m.id: i for i, m in enumerate(context.messages)}
     fit_carried(plan, budget, count, order)
     if formats.opens_with_user(context.parsed.snapshot.format):
         lead_with_user(plan, context.messages, budget, count, order)
+    carried = sum(count(m) for m in plan.carried)
+    parts = {
+        "system": kept.system,
+        "native_compaction": kept.native_compaction,
+        "carried": carried,
+        "protected": kept.protected,
+        "beyond": beyond,
+        "summary": summary_room,
+    }
+    before = evaluation.projected_tokens
+    floor = Floor(**parts, total=sum(parts.values()))
+    return PlannedCompaction(
+        plan=plan,
+        policies=policies,
+        floor=floor,
+        summary_bound=bound,
+        tokens_before=before,
+        required_gain=_required_gain(config, evaluation.threshold, before, floor),
+    )
+
+
+def _required_gain(
+    config: CompactionConfig, threshold: int | None, before: int, floor: Floor
+) -> int:
+    """The minimum gain; and when what cannot be compacted is itself over the threshold (no
+    compaction can reach the target), at least the gain of one that would have: the room
+    between the target and the threshold. The hysteresis: a floor over the threshold waits
+    for the history to grow by that much before it is compacted again."""
+    gain = config.min_gain_tokens(before)
+    target = config.target_tokens(threshold)
+    if threshold is None or target is None or floor.total - floor.summary <= threshold:
+        return gain
+    return max(gain, threshold - target)
+
+
+def prepare(
+    context: SnapshotContext,
+    evaluation: Evaluation,
+    planned: PlannedCompaction,
+    *,
+    instructions: str | None = None,
+) -> PreparedCompaction:
+    """The summary request for a planned compaction. ``instructions``: the focus a requested
+    compaction was given, for the summarizer."""
+    config = context.config
+    tokenizer = context.tokenizer
+    plan = planned.plan
     # A requested compaction is its own event (by its request), beside any other of the range.
     requested = [evaluation.request_id] if evaluation.request_id else []
     event_id = event_id_for(
@@ -77,6 +153,7 @@ def prepare(
     previous = redact(plan.previous_summary) if plan.previous_summary else None
     if previous is not None:
         redactions = dict(Counter(redactions) + Counter(previous.counts))
+    count = _counter(context)
     request = SummaryRequest(
         conversation_id=context.conversation_id,
         revision=context.revision,
@@ -85,31 +162,52 @@ def prepare(
         previous_summary_ids=plan.summary_ids,
         must_keep=_must_keep(messages),
         max_input_chars=config.summary_max_input_chars,
-        max_output_tokens=config.summary_max_output_tokens,
+        max_output_tokens=planned.summary_bound,
         source_tokens=sum(count(m) for m in plan.to_summarize)
         + (tokenizer.count(plan.previous_summary) if plan.previous_summary else 0),
         model=context.snapshot.model.name or None,
         instructions=instructions,
     )
     return PreparedCompaction(
-        plan=plan, policies=policies, request=request, event_id=event_id, redactions=redactions
+        plan=plan,
+        policies=planned.policies,
+        request=request,
+        event_id=event_id,
+        redactions=redactions,
+        planned=planned,
     )
 
 
-def _carry_budget(context: SnapshotContext, evaluation: Evaluation, plan: RangePlan) -> int:
-    """Tokens the carried messages may use so that the result lands under the threshold."""
-    if evaluation.threshold is None:
-        return 1 << 62
-    kept = [
-        m
-        for m in evaluation.projection.messages
-        if m.source_index < plan.start or m.source_index >= plan.end
-    ]
-    summary_room = context.config.summary_max_output_tokens + 16
-    # What the provider counts beyond our count (usage) is assumed to stay after compaction.
-    beyond = max(evaluation.usage.offset, 0) if evaluation.usage is not None else 0
-    kept_tokens = count_request_tokens(kept, context.tokenizer)
-    return evaluation.threshold - kept_tokens - summary_room - beyond
+def _counter(context: SnapshotContext) -> Callable[[Message], int]:
+    tokenizer = context.tokenizer
+
+    def count(m: Message) -> int:
+        return count_message_tokens(m, tokenizer)
+
+    return count
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """The projected tokens outside the range: its head (system messages; a native compaction
+    and what it superseded) and the protected tail (the reply's priming included)."""
+
+    system: int
+    native_compaction: int
+    protected: int
+
+
+def _kept_parts(evaluation: Evaluation, plan: RangePlan) -> _Kept:
+    system = native = protected = 0
+    for m, n in zip(evaluation.projection.messages, evaluation.counted.counts, strict=True):
+        if m.source_index >= plan.end:
+            protected += n
+        elif m.source_index < plan.start:
+            if m.superseded or m.native_compaction:
+                native += n
+            else:
+                system += n
+    return _Kept(system, native, protected + REPLY_PRIMING_TOKENS)
 
 
 def _must_keep(messages: list[Message]) -> list[str]:

@@ -40,6 +40,7 @@ from worker.wire.events import (
     CompletedEvent,
     Cost,
     FailedEvent,
+    SkippedEvent,
     proposed_event,
     rejected_event,
     skipped_event,
@@ -133,6 +134,8 @@ class Service:
         counters.update(memo.counters())
         if verdict.skipped is not None:
             counters["compactions_skipped_total"] = 1.0
+            if verdict.skipped.why == "floor":
+                counters["compactions_floor_total"] = 1.0
             # The elided event goes ahead of the skipped one in the same step (one round trip).
             # Both are remembered only as long as a redelivery of this evaluation can come: the
             # skipped event settles the revision at once.
@@ -718,4 +721,6 @@ def _counters(event: CompactionEvent, seconds: float) -> dict[str, float]:
             counters |= _cost_counters(event.cost, event.conversation_id)
     if isinstance(event, FailedEvent) and event.error.code.startswith("llm"):
         counters["llm_failures_total"] = 1.0
+    if isinstance(event, SkippedEvent) and event.why in ("floor", "no_gain"):
+        counters[f"compactions_{event.why}_total"] = 1.0
     return counters

@@ -244,7 +244,8 @@ class Cost(_Published):
     ``saving_per_turn_usd``: what each later turn saves; ``break_even_turns``: later turns
     until the saving pays for both (None: never); ``expected_net_usd``: the saving over
     ``horizon_turns`` minus both costs. ``decision``: what the cost policy concluded, when it
-    decided."""
+    decided, and ``estimated_net_usd`` the net gain it estimated before the compaction was
+    made (the other numbers are those of the compaction as made, so the two may differ)."""
 
     policy: str = "threshold"
     priced: bool = False
@@ -264,6 +265,7 @@ class Cost(_Published):
     break_even_turns: int | None = None
     expected_net_usd: float | None = None
     decision: str | None = None
+    estimated_net_usd: float | None = None
     prices: CostPrices | None = None
     summary_prices: CostPrices | None = None
 
@@ -328,13 +330,35 @@ class DeclinedEvent(_Event):
     declined_by: str = "api"
 
 
+class Floor(_Published):
+    """The least a compaction of the request would leave, in tokens, by part: the leading
+    ``system`` messages, a ``native_compaction`` (the provider's own, with what it holds), the
+    ``pinned`` messages, the user turns and delegation results ``carried`` verbatim, the
+    ``protected`` newest exchange (and calls still waiting for results), what the provider
+    counts ``beyond`` the snapshot (its usage: tool definitions and the like) and the room the
+    ``summary`` may take (its bound). ``total``: their sum, what the request would be after."""
+
+    system: int = 0
+    native_compaction: int = 0
+    pinned: int = 0
+    carried: int = 0
+    protected: int = 0
+    beyond: int = 0
+    summary: int = 0
+    total: int = 0
+
+
 class SkippedEvent(_Event):
-    """The revision needs no compaction (under the threshold, or nothing to compact)."""
+    """The revision needs no compaction (under the threshold, or nothing to compact), or a
+    compaction would not pay. ``why``: the kind of skip (docs/events.md); ``floor``: with
+    ``why`` ``floor`` or ``no_gain``, what a compaction cannot remove."""
 
     type: Literal["compaction.skipped"] = "compaction.skipped"
     trigger: Trigger | None = None
     reason: str
     cost: Cost | None = None  # set when the cost policy decided the skip
+    why: str | None = None
+    floor: Floor | None = None
 
 
 class FailedEvent(_Event):
@@ -467,6 +491,7 @@ def skipped_event(
     reason: str,
     trigger: Trigger | None,
     cost: Cost | None = None,
+    floor: Floor | None = None,
 ) -> SkippedEvent:
     """``why`` tells apart skips of the same revision (it is part of the event id)."""
     return SkippedEvent(
@@ -477,6 +502,8 @@ def skipped_event(
         trigger=trigger,
         reason=reason,
         cost=cost,
+        why=why,
+        floor=floor,
     )
 
 
