@@ -98,6 +98,12 @@ FACES: dict[str, list[str]] = {
         "from_wire",
         "to_wire",
     ],
+    "worker.integrations.google_adk": [
+        "EXTRA_KEY",
+        "CompactingEventsSummarizer",
+        "from_wire",
+        "to_wire",
+    ],
     "worker.integrations.langchain": [
         "EXTRA_KEY",
         "CompactingMiddleware",
@@ -143,6 +149,7 @@ INTERNAL: dict[str, set[str]] = {
         "TRANSCRIPTS_KEPT",
     },
     "worker.integrations.agent_framework": {"log"},
+    "worker.integrations.google_adk": {"log"},
     "worker.integrations.langchain": {"log"},
     "worker.integrations.openai_agents": {"log"},
 }
