@@ -268,6 +268,7 @@ def cases() -> list[Case]:
             b'{"reason": 5}',
         ),
         *compact_cases(conv),
+        *responses_compact_cases(),
         Case(
             "approve, not an event id",
             "POST",
@@ -311,6 +312,38 @@ def cases() -> list[Case]:
         Case("readyz, junk query", "GET", f"/readyz{junk}", (200, 503), None),  # both JSON
         Case("metrics, junk query", "GET", f"/metrics{junk}", 200, None, content_type="text/plain"),
     ]
+    return out
+
+
+def responses_compact_cases() -> list[Case]:
+    """``POST /v1/responses/compact`` (and its proxy path): a bad body or conversation is
+    refused naming it, before anything is submitted."""
+    route = "/v1/responses/compact"
+    out = [
+        Case("responses compact, unknown field", "POST", route, 422, "stream", (),
+             b'{"model": "m", "input": "x", "stream": true}'),
+        Case("responses compact, input", "POST", route, 422, "input", (),
+             b'{"model": "m", "input": 5}'),
+        Case("responses compact, previous response", "POST", route, 422, "previous_response_id",
+             (), b'{"model": "m", "previous_response_id": "r"}'),
+        Case("responses compact, not JSON", "POST", route, 400, None, (), b"{nope"),
+    ]  # fmt: skip
+    body = b'{"model": "m", "input": "x"}'
+    for label, cid in CONVERSATION_IDS.items():
+        header = _header_value(cid)
+        if header is None:
+            continue
+        named = (b"x-compactor-conversation", header)
+        out.append(
+            Case(f"responses compact {label}", "POST", route, 422, "X-Compactor-Conversation",
+                 (named,), body)
+        )  # fmt: skip
+        proxied = (named, (b"x-compactor-key", KEY_A.encode()))
+        out.append(
+            Case(f"proxied responses compact {label}", "POST",
+                 "/proxy/openai/v1/responses/compact", 422, "X-Compactor-Conversation",
+                 proxied, body)
+        )  # fmt: skip
     return out
 
 

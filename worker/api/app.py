@@ -50,6 +50,7 @@ from worker.api.conversations import (
 )
 from worker.api.inspector import ui_routes
 from worker.api.proxy import Proxy, proxy_routes
+from worker.api.responses_compact import responses_compact_routes
 from worker.api.spec import openapi
 from worker.api.sse import sse_response
 from worker.api.state import Api, api_of
@@ -332,6 +333,7 @@ def create_app(settings: Settings, environ: Mapping[str, str] | None = None) -> 
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         *proxy_routes(),
+        *responses_compact_routes(api),
         *ui_routes(),
     ]
     app = Starlette(

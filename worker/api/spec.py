@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from worker.api.responses_compact import IGNORED_FIELDS, MAX_MODEL_CHARS
 from worker.wire.models import CONVERSATION_ID_PATTERN, MAX_REVISION
 from worker.wire.requests import MAX_INSTRUCTIONS_CHARS
 
@@ -82,6 +83,102 @@ def _decision(operation: str, summary: str, body: str, answer: str) -> dict[str,
 # 64-bit integer (a pattern cannot say that; the server answers a larger one 422).
 _STREAM_ID = {"type": "string", "pattern": r"^(0|\$|[0-9]{1,20}(-[0-9]{1,20})?)$"}
 _STREAM_ID_TEXT = "each part (ms-seq) at most 18446744073709551615"
+
+
+# OpenAI's compact endpoint (worker/api/responses_compact.py, docs/http.md
+# #openais-compact-endpoint): the body OpenAI's client sends, the object it parses.
+_ACCEPTED_UNUSED = "Accepted and not used (an OpenAI parameter, or a setting Codex sends along)."
+_RESPONSES_COMPACT_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["model"],
+    "properties": {
+        "model": {"type": ["string", "null"], "maxLength": MAX_MODEL_CHARS},
+        "input": {
+            "description": "The window: a string (one user message) or Responses input items. "
+            "Required unless previous_response_id is given.",
+            "oneOf": [
+                {"type": "string"},
+                {"type": "array", "minItems": 1, "items": {"type": "object"}},
+                {"type": "null"},
+            ],
+        },
+        "instructions": {
+            "type": ["string", "null"],
+            "description": "Accepted; not part of the window (the client sends it itself).",
+        },
+        "previous_response_id": {
+            "type": ["string", "null"],
+            "description": "Refused unless X-Compactor-Conversation names a conversation, whose "
+            "newest snapshot then stands for it (the input follows it).",
+        },
+        **{name: {"description": _ACCEPTED_UNUSED} for name in sorted(IGNORED_FIELDS)},
+    },
+}
+_RESPONSE_COMPACTION: dict[str, Any] = {
+    "type": "object",
+    "description": "OpenAI's response.compaction: output is the window to send next (the "
+    "kept head, the carried user turns, one readable summary message, the kept tail); usage "
+    "the window's tokens before and after, as the service counts them.",
+    "required": ["id", "object", "created_at", "output", "usage"],
+    "properties": {
+        "id": {"type": "string", "description": "The outcome event's event_id."},
+        "object": {"const": "response.compaction"},
+        "created_at": {"type": "integer"},
+        "output": {"type": "array", "items": {"type": "object"}},
+        "usage": {
+            "type": "object",
+            "required": ["input_tokens", "output_tokens", "total_tokens"],
+            "properties": {
+                "input_tokens": {"type": "integer", "minimum": 0},
+                "input_tokens_details": {"type": "object"},
+                "output_tokens": {"type": "integer", "minimum": 0},
+                "output_tokens_details": {"type": "object"},
+                "total_tokens": {"type": "integer", "minimum": 0},
+            },
+        },
+    },
+}
+_RESPONSES_COMPACT: dict[str, Any] = {
+    "post": {
+        "operationId": "compactResponses",
+        "summary": "OpenAI's compact endpoint: the window submitted as the conversation's next "
+        "snapshot, compacted by the workers, answered with the compacted window (also under "
+        "the proxy: /proxy/openai/v1/responses/compact, the tenant from X-Compactor-Key).",
+        "security": _SECURE,
+        "parameters": [
+            {
+                "name": "X-Compactor-Conversation",
+                "in": "header",
+                "description": "The conversation (as the proxy's header names it); else one "
+                "derived from the window's opening items.",
+                "schema": {"type": "string", "pattern": CONVERSATION_ID_PATTERN},
+            }
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _ref("ResponsesCompactRequest")}},
+        },
+        "responses": {
+            "200": _json(_ref("ResponseCompaction"), "The compacted window."),
+            **_errors(400, 401, 408, 413, 422),
+            "409": _json(
+                _ref("Error"),
+                "The named conversation has no snapshot for previous_response_id (or one of "
+                "another format), or a newer snapshot arrived meanwhile.",
+            ),
+            "503": _json(
+                _ref("Error"),
+                "The compaction failed (its error code), no summarize worker answers "
+                "(no_workers), or Redis is unavailable.",
+            ),
+            "504": _json(
+                _ref("Error"),
+                "No outcome within [worker] summarize_time_limit_s (timeout).",
+            ),
+        },
+    }
+}
 
 
 def openapi() -> dict[str, Any]:
@@ -339,6 +436,8 @@ def openapi() -> dict[str, Any]:
                     "required": ["messages"],
                     "properties": {"messages": {"type": "array", "items": {"type": "object"}}},
                 },
+                "ResponsesCompactRequest": _RESPONSES_COMPACT_REQUEST,
+                "ResponseCompaction": _RESPONSE_COMPACTION,
             },
         },
         "paths": {
@@ -555,6 +654,7 @@ def openapi() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/responses/compact": _RESPONSES_COMPACT,
             "/v1/webhooks": {
                 "post": {
                     "operationId": "createWebhook",
