@@ -95,12 +95,14 @@ class Api:
     async def recall(self, internal: str, message_id: str) -> dict[str, Any]:
         """The original of message ``message_id`` as the newest kept compaction that replaced
         it keeps it (its transcript checked against the event's sha256), with where it came
-        from. 422 for an id over :data:`MAX_MESSAGE_ID` characters, 404 when no kept
-        compaction replaced it."""
+        from. 422 for an id over :data:`MAX_MESSAGE_ID` characters, 410 ``expired`` when the
+        compaction that replaced it (as far as its event records) keeps no transcript any more
+        (retention removed it), 404 when no kept compaction replaced it."""
         if len(message_id) > MAX_MESSAGE_ID:
             raise ApiError.of(
                 422, "invalid_request", f"message_id: at most {MAX_MESSAGE_ID} characters"
             )
+        gone = 0
         for stream_id, event in await self.completed_events(internal):
             ref = event.compaction.transcript
             if ref is None:
@@ -108,7 +110,15 @@ class Api:
             try:
                 data = await anyio.to_thread.run_sync(self.transcripts.read, ref.uri)
             except (StorageError, InvalidSnapshot):
-                continue  # pruned meanwhile
+                if event.compaction.names(message_id):  # pruned meanwhile: say so
+                    raise ApiError.of(
+                        410,
+                        "expired",
+                        f"message {message_id!r} was compacted, and the transcript that kept "
+                        "its original has since been removed by transcript retention",
+                    ) from None
+                gone += 1
+                continue
             if hashlib.sha256(data).hexdigest() != ref.sha256:
                 log.warning("transcript %s does not match its event's sha256", ref.uri)
                 continue
@@ -130,7 +140,10 @@ class Api:
                     "stream_id": stream_id,
                     "transcript_sha256": ref.sha256,
                 }
-        raise ApiError.of(404, "not_found", f"no kept compaction replaced message {message_id!r}")
+        note = f" ({gone} earlier compactions' transcripts have expired)" if gone else ""
+        raise ApiError.of(
+            404, "not_found", f"no kept compaction replaced message {message_id!r}{note}"
+        )
 
 
 def api_of(request: Request) -> Api:

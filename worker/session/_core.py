@@ -12,6 +12,7 @@ a task. One lock guards the parts; each part owns one job's state:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
@@ -27,7 +28,7 @@ from ._follower import FollowerState
 from ._history import Applied, Cursor, History, replaced_range
 from ._messages import own
 from ._projection import Projection
-from ._recall import RECALL_USAGE, Transcripts, recall_id
+from ._recall import RECALL_USAGE, Transcripts, recall_id, recall_miss
 from ._sender import SenderState
 from ._setup import Setup, SetupView, log
 from ._status import SessionStatus, status_of
@@ -198,27 +199,42 @@ class _Core(SetupView):
             return [a.event for a in self._history.applied]
 
     def _recall(self, message_id: str) -> dict[str, Any]:
+        """The original, from the newest applied compaction whose transcript holds it. A
+        KeyError says why not: never replaced, or replaced by a compaction whose transcript is
+        gone (retention removed it: ``expired``)."""
+        gone: list[CompletedEvent] = []
         for event in reversed(self._applied_events()):
-            original, index = self._transcripts.of(event)
+            try:
+                original, index = self._transcripts.of(event)
+            except CompactorError:
+                gone.append(event)
+                continue
             if message_id in index:
                 return copy.deepcopy(original[index[message_id]])
-        raise KeyError(message_id)
+        raise KeyError(recall_miss(message_id, gone))
 
     def _recallable(self) -> list[str]:
-        return [i for event in self._applied_events() for i in self._transcripts.of(event)[1]]
+        """The ids the kept transcripts hold (those retention removed are left out)."""
+        ids: list[str] = []
+        for event in self._applied_events():
+            with contextlib.suppress(CompactorError):
+                ids.extend(self._transcripts.of(event)[1])
+        return ids
 
     def _recall_text(self, arguments: str | Mapping[str, Any]) -> str:
-        """The recall tool's answer to a call's arguments."""
+        """The recall tool's answer to a call's arguments: the message, or why not, in words
+        for the model (never a path, a store or an error of ours)."""
         message_id = recall_id(arguments)
         if message_id is None:
             return RECALL_USAGE
         try:
             return json.dumps(self._recall(message_id), ensure_ascii=False)
-        except KeyError:
+        except KeyError as exc:
+            why = str(exc.args[0]) if exc.args else f"no compacted message has id {message_id!r}"
+            if why.startswith("expired"):
+                return why
             some = self._recallable()[:50]
-            return f"error: no compacted message has id {message_id!r}; some that do: {some}"
-        except CompactorError as exc:
-            return f"error: the transcript cannot be read: {exc.message}"
+            return f"error: {why}; some that can be recalled: {some}"
 
     # --- state --------------------------------------------------------------------------------
 

@@ -86,6 +86,23 @@ def recall_id(arguments: str | Mapping[str, Any]) -> str | None:
 
 RECALL_USAGE = 'error: call with {"id": "<message id or tool call id>"}'
 
+
+def recall_miss(message_id: str, gone: list[CompletedEvent]) -> str:
+    """Why ``message_id`` cannot be recalled, for people and models alike: ``expired`` when a
+    compaction whose transcript retention removed replaced it (as far as its event records),
+    else not found (saying when older transcripts are gone, so it may have been in one)."""
+    if any(e.compaction.names(message_id) for e in gone):
+        return (
+            f"expired: message {message_id!r} was compacted, and the transcript that kept its "
+            "original has since been removed by transcript retention"
+        )
+    if gone:
+        return (
+            f"no kept transcript holds message {message_id!r} (the transcripts of "
+            f"{len(gone)} earlier compactions have expired; it may have been in one of them)"
+        )
+    return f"no compacted message has id {message_id!r}"
+
 _DESCRIPTION = (
     "Fetch the full original of a message that was compacted into a "
     "'[compaction-worker summary]': give its message id or a tool call id. Returns "

@@ -102,7 +102,9 @@ class CompactingSession(_LoopSteps):
 
     def recall(self, message_id: str) -> dict[str, Any]:
         """An original message a compaction replaced (by message id or tool call id), from the
-        transcript of that compaction. KeyError when no applied compaction replaced it."""
+        transcript of that compaction. KeyError when it cannot: its message says whether no
+        applied compaction replaced it, or one did and its transcript has ``expired`` (removed
+        by transcript retention)."""
         return self._recall(message_id)
 
     def recallable_ids(self) -> list[str]:

@@ -164,8 +164,10 @@ class TranscriptStore(abc.ABC):
         max_total_bytes: int | None,
         now: float | None = None,
         dry_run: bool = False,
+        undo_window_s: float | None = None,
     ) -> list[str]:
-        """Apply every retention limit; return what was (or, dry run, would be) removed."""
+        """Apply every retention limit; return what was (or, dry run, would be) removed.
+        ``undo_window_s``: see :func:`doomed_by_retention`."""
         current = time.time() if now is None else now
         doomed = doomed_by_retention(
             self.stored(),
@@ -173,6 +175,7 @@ class TranscriptStore(abc.ABC):
             max_age_s=max_age_s,
             max_total_bytes=max_total_bytes,
             now=current,
+            undo_window_s=undo_window_s,
         )
         if dry_run:
             return [t.uri for t in doomed]
@@ -218,10 +221,16 @@ def doomed_by_retention(
     max_age_s: float | None,
     max_total_bytes: int | None,
     now: float,
+    undo_window_s: float | None = None,
 ) -> list[StoredTranscript]:
     """What the retention limits remove from a listing (``items`` as ``stored()`` orders
     them): all but the newest ``keep_per_conversation`` of each conversation, everything older
-    than ``max_age_s``, then the oldest survivors until the rest fit ``max_total_bytes``."""
+    than ``max_age_s``, then the oldest survivors until the rest fit ``max_total_bytes``.
+
+    ``undo_window_s``: each conversation's newest transcript younger than this is never removed
+    by age or size. It is what undoing the conversation's newest compaction needs, for as long
+    as the conversation's composed record (which lives that long after its newest compaction)
+    can still apply that compaction to a full history."""
     doomed: dict[str, StoredTranscript] = {}
     by_conversation: dict[str, list[StoredTranscript]] = {}
     for t in items:
@@ -229,12 +238,24 @@ def doomed_by_retention(
     if keep_per_conversation is not None:
         for group in by_conversation.values():
             doomed.update((t.uri, t) for t in group[: max(len(group) - keep_per_conversation, 0)])
+    needed = set()
+    if undo_window_s is not None:
+        needed = {
+            group[-1].uri
+            for group in by_conversation.values()
+            if now - group[-1].created <= undo_window_s
+        }
     if max_age_s is not None:
-        doomed.update((t.uri, t) for t in items if now - t.created > max_age_s)
+        doomed.update(
+            (t.uri, t) for t in items if now - t.created > max_age_s and t.uri not in needed
+        )
     if max_total_bytes is not None:
-        survivors = sorted((t for t in items if t.uri not in doomed), key=lambda t: t.created)
-        total = sum(t.bytes for t in survivors)
-        for t in survivors:
+        total = sum(t.bytes for t in items if t.uri not in doomed)
+        removable = sorted(
+            (t for t in items if t.uri not in doomed and t.uri not in needed),
+            key=lambda t: t.created,
+        )
+        for t in removable:
             if total <= max_total_bytes:
                 break
             doomed[t.uri] = t
@@ -252,6 +273,7 @@ def prune_by_settings(
         max_age_s=retention.max_age_days * 86400 if retention.max_age_days else None,
         max_total_bytes=retention.max_total_bytes,
         dry_run=dry_run,
+        undo_window_s=settings.redis.stream_ttl_s,
     )
 
 

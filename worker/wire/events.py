@@ -205,6 +205,14 @@ class Compaction(_Published):
     # How the range was reduced ([compaction] reduction): "summary" in older events.
     reduction: str = "summary"
 
+    def names(self, message_id: str) -> bool:
+        """Whether the event itself records ``message_id`` among the messages it replaced
+        (its first and last, and the messages each summary section was drawn from): what is
+        known of a replaced message once its transcript is gone."""
+        if message_id in (self.first_id, self.last_id):
+            return True
+        return any(message_id in s.source_ids for s in self.summary.sections)
+
 
 class ElidedResult(_Published):
     """One tool result the projection shortened (never its content)."""
