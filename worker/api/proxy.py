@@ -42,6 +42,7 @@ from worker.config import MAX_CONTEXT_WINDOW, MIN_CONTEXT_WINDOW
 from worker.core.windows import ContextWindow, window_for
 from worker.errors import CompactorError, InvalidSnapshot, TransientError
 from worker.wire import formats
+from worker.wire.splice import splice_array
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +220,12 @@ class Proxy:
         plan.headers = result.headers()
         if not result.applied:
             return plan, raw
+        # What the compactions left as it was goes upstream as the agent sent it, byte for
+        # byte (a provider's compaction block, signed thinking, encrypted items); only the new
+        # messages are written.
+        spliced = splice_array(raw, upstream.history, history, result.messages)
+        if spliced is not None:
+            return plan, spliced
         forwarded = body | {upstream.history: result.messages}
         return plan, json.dumps(forwarded, ensure_ascii=False).encode("utf-8")
 

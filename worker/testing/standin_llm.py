@@ -94,6 +94,7 @@ class RecordedRequest:
     wire: str | None  # "openai", "anthropic" or None for other paths
     fault: Fault
     received_at: float = field(default_factory=time.monotonic)
+    raw_body: bytes = b""  # the body's bytes, as they arrived
 
     @property
     def user_text(self) -> str:
@@ -332,7 +333,7 @@ class StandinLLM:
         body = _json_or_none(raw)
         fault = self._next_fault()
         auth_present, auth_valid = self._check_auth(headers)
-        self._record(path, headers, body, wire, fault, auth_present, auth_valid)
+        self._record(path, headers, raw, body, wire, fault, auth_present, auth_valid)
         self._count("in_flight", +1)
         try:
             await self._through_gate()
@@ -403,6 +404,7 @@ class StandinLLM:
         self,
         path: str,
         headers: dict[str, str],
+        raw: bytes,
         body: Any,
         wire: str,
         fault: Fault,
@@ -410,7 +412,9 @@ class StandinLLM:
         auth_valid: bool | None,
     ) -> None:
         shown = {k: "[redacted]" if _SECRET_HEADER.search(k) else v for k, v in headers.items()}
-        record = RecordedRequest("POST", path, shown, auth_present, auth_valid, body, wire, fault)
+        record = RecordedRequest(
+            "POST", path, shown, auth_present, auth_valid, body, wire, fault, raw_body=raw
+        )
         with self._lock:
             self._requests.append(record)
             self._stats["requests"] += 1
