@@ -36,6 +36,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "the conversation's newest or a worker is compacting it (restore), is no longer held "
         "or no longer applies (approve, reject), or the conversation has no snapshot to "
         "compact (compact).",
+        410: "The compaction that replaced the message keeps no transcript any more "
+        "(transcript retention removed it): expired.",
         413: "The body is over the limit.",
         422: "A path, query or header value, or the body, is not valid; the error names it.",
         503: "Redis (or the transcript store) is unavailable.",
@@ -535,7 +537,7 @@ def openapi() -> dict[str, Any]:
                     ],
                     "responses": {
                         "200": _json(_ref("Recalled"), "The message, sha256-checked."),
-                        **_errors(401, 404, 422, 503),
+                        **_errors(401, 404, 410, 422, 503),
                     },
                 }
             },
