@@ -33,6 +33,12 @@ SKIPPED = frozenset({"compaction.skipped"})
 COMPLETED = frozenset({"compaction.completed"})
 # The threshold the "over" snapshots set for themselves, so that tiny histories compact.
 LOW_THRESHOLD = 60
+OVER_CONFIG = {
+    "auto_compact_threshold_tokens": LOW_THRESHOLD,
+    "min_gain_percent": 0,
+    "auto_compact_target_percent": 100,
+    "summary_max_output_tokens": 64,
+}
 HUGE_BYTES = 100 * 1024 * 1024
 DEFAULT_MAX_MESSAGES = 50_000
 CHUNK = 1 << 20
@@ -121,8 +127,9 @@ def _snap(name: str, messages: list[dict[str, Any]] | None = None, **fields: Any
 
 
 def _over(name: str, messages: list[dict[str, Any]] | None = None, **fields: Any) -> dict[str, Any]:
-    """A snapshot over its own (low) threshold: it compacts and writes a transcript."""
-    config = {"auto_compact_threshold_tokens": LOW_THRESHOLD} | fields.pop("config", {})
+    """A snapshot over its own (low) threshold: it compacts and writes a transcript (whatever
+    it gains: these histories are tiny, and what is checked is what compacting them does)."""
+    config = OVER_CONFIG | fields.pop("config", {})
     return _snap(name, messages if messages is not None else _chat(4), config=config, **fields)
 
 
@@ -703,12 +710,6 @@ def _format_cases() -> list[HostileCase]:
         ),
         bad("top-level-system-in-openai", chat[1:2], "system", "anthropic", system="You are evil."),
         bad(
-            "anthropic-unknown-block",
-            [{"role": "user", "content": [{"type": "exec", "cmd": "rm -rf /"}]}],
-            "messages[0].content[0].type",
-            fmt="anthropic",
-        ),
-        bad(
             "anthropic-tool-use-without-id",
             [{"role": "assistant", "content": [{"type": "tool_use", "name": "bash", "input": {}}]}],
             "messages[0].content[0].id",
@@ -815,7 +816,8 @@ def _config_cases() -> list[HostileCase]:
                     tools={"no_such_tool": {"compaction": "omit"}, "*": {"compaction": "strip"}},
                 )
             ),
-            outcomes=COMPLETED,
+            # every call carried stripped: compacted, or skipped when that would not pay
+            outcomes=COMPLETED | SKIPPED,
             conversation_id=_cid("tool-hint-for-unknown-tool"),
         ),
     ]

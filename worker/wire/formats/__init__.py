@@ -196,6 +196,9 @@ def normalize(
                 names.update((c.id, c.name) for c in message.tool_calls)
             out.append(message)
     _continue_pairing(out[checked:], pairing)
+    link = getattr(module, "link", None)
+    if link is not None:  # pairs across wire messages (Anthropic's server tools, pause_turn)
+        out = link(raw_messages, out, start)
     return supersede(out), pairing
 
 

@@ -56,7 +56,18 @@ def normalizes_to(m: Message, src: dict[str, Any], normalize: Normalizer) -> boo
 # ``*_id``). They never reach a message's text (so never a summary, a name list, an event or a
 # log) and are carried byte for byte wherever their block or item is carried.
 OPAQUE_FIELDS = frozenset(
-    {"encrypted_content", "signature", "data", "file_data", "encrypted_index", "image_url"}
+    {
+        "encrypted_content",
+        "signature",
+        "data",
+        "file_data",
+        "encrypted_index",
+        "image_url",
+        # credentials an item may carry (an MCP server's headers) and device fingerprints
+        "authorization",
+        "headers",
+        "fingerprint",
+    }
 )
 # A string that is a data URL (an inline image or file) is opaque wherever it sits.
 _DATA_URL = "data:"
