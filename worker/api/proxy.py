@@ -323,19 +323,36 @@ def reply_message(wire: str, raw: bytes, content_type: str) -> dict[str, Any] | 
 
 def _openai_message(message: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("refusal"):
+        out["refusal"] = message["refusal"]
     if message.get("tool_calls"):
-        out["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": "function",
-                "function": {
-                    "name": call["function"]["name"],
-                    "arguments": call["function"].get("arguments") or "",
-                },
-            }
-            for call in message["tool_calls"]
-        ]
+        out["tool_calls"] = [_openai_call(call) for call in message["tool_calls"]]
     return out
+
+
+def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call of a reply as the history holds it: a custom tool's (``custom``: its name
+    and free-form input) or a function's."""
+    if call.get("type") == "custom" or "custom" in call:
+        custom = call.get("custom") or {}
+        spec = {"name": custom.get("name") or "", "input": custom.get("input") or ""}
+        return {"id": call["id"], "type": "custom", "custom": spec}
+    fn = call.get("function") or {}
+    spec = {"name": fn.get("name") or "", "arguments": fn.get("arguments") or ""}
+    return {"id": call["id"], "type": "function", "function": spec}
+
+
+def _add_call_delta(slot: dict[str, Any], call: dict[str, Any]) -> None:
+    """One streamed piece of a tool call into what was gathered of it so far."""
+    slot["id"] = call.get("id") or slot["id"]
+    if call.get("type"):
+        slot["type"] = call["type"]
+    for kind, fields in (("function", ("name", "arguments")), ("custom", ("name", "input"))):
+        piece = call.get(kind)
+        if isinstance(piece, dict):
+            gathered = slot.setdefault(kind, dict.fromkeys(fields, ""))
+            for name in fields:
+                gathered[name] += piece.get(name) or ""
 
 
 def _sse_data(raw: bytes) -> list[Any]:
@@ -360,13 +377,7 @@ def _streamed_message(wire: str, raw: bytes) -> dict[str, Any] | None:
                 delta = choice.get("delta") or {}
                 text.append(delta.get("content") or "")
                 for call in delta.get("tool_calls") or []:
-                    slot = calls.setdefault(
-                        call.get("index", 0), {"id": "", "function": {"name": "", "arguments": ""}}
-                    )
-                    slot["id"] = call.get("id") or slot["id"]
-                    fn = call.get("function") or {}
-                    slot["function"]["name"] += fn.get("name") or ""
-                    slot["function"]["arguments"] += fn.get("arguments") or ""
+                    _add_call_delta(calls.setdefault(call.get("index", 0), {"id": ""}), call)
         message: dict[str, Any] = {"content": "".join(text)}
         if calls:
             message["tool_calls"] = [calls[i] for i in sorted(calls)]
