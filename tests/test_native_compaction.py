@@ -7,6 +7,7 @@ was made; and through the proxy, the upstream receives the block as the agent se
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,11 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from anthropic.types import (
+    ServerToolUseBlockParam,
+    WebSearchResultBlockParam,
+    WebSearchToolResultBlockParam,
+)
 from anthropic.types.beta import BetaCompactionBlockParam
 from http_support import KEY_A, Stack, proxy_config, running_stack, wait_events
 from openai.types.responses.response_compaction_item_param_param import (
@@ -266,3 +272,87 @@ def test_signed_thinking_leaves_carried_turns_and_stays_on_the_newest(tmp_path: 
     assert SIGNATURE not in json.dumps(replacement) and ENCRYPTED not in json.dumps(replacement)
     stored = json.loads(next(tmp_path.rglob("*.json")).read_text())
     assert stored["messages"][1] == kept  # the transcript keeps the original
+
+
+def web_search_turn(k: int) -> dict[str, Any]:
+    """An assistant turn that used the server's web search: its use, the encrypted results and
+    the answer, as the Messages API returns them (the SDK's own block types)."""
+    use: ServerToolUseBlockParam = {
+        "type": "server_tool_use",
+        "id": f"srvtoolu_{k:04d}",
+        "name": "web_search",
+        "input": {"query": f"release notes of lib{k}"},
+    }
+    hit: WebSearchResultBlockParam = {
+        "type": "web_search_result",
+        "url": f"https://lib{k}.example.org/notes",
+        "title": f"lib{k} notes",
+        "encrypted_content": f"{ENCRYPTED}{k:04d}",
+        "page_age": "2 days ago",
+    }
+    result: WebSearchToolResultBlockParam = {
+        "type": "web_search_tool_result",
+        "tool_use_id": use["id"],
+        "content": [hit],
+    }
+    text = {"type": "text", "text": f"lib{k} changed its parser. " + words(f"w{k}_", 150)}
+    return {"role": "assistant", "content": [use, result, text]}
+
+
+@pytest.mark.slow
+def test_a_web_search_agent_through_the_proxy_over_80_turns(stack: Stack, llm: StandinLLM) -> None:
+    """A long session of an agent using the server's web search through the proxy, the
+    provider compacting natively midway: every turn accepted (never rejected), every request
+    bounded once our compactions come, the provider's compaction block and every kept search
+    result going upstream as they came, to the end."""
+    headers = {"X-Compactor-Conversation": "native-ws", "X-Compactor-Key": KEY_A}
+    client = anthropic.Anthropic(
+        base_url=f"{stack.base}/proxy/anthropic", api_key="sk-agent", max_retries=0,
+        default_headers=headers,
+    )  # fmt: skip
+    history: list[Any] = [{"role": "user", "content": "Which libraries changed their parser?"}]
+    largest_after = 0
+    try:
+        for k in range(80):
+            if k == 40:  # the provider's own compaction of everything so far
+                history.append({"role": "assistant", "content": [SHAPES["signed"]]})
+                history.append({"role": "user", "content": "Go on."})
+            history.append(web_search_turn(k))
+            history.append({"role": "user", "content": f"And lib{k + 1}?"})
+            raw = client.messages.with_raw_response.create(
+                model="claude-x", max_tokens=50, messages=history
+            )
+            outcome = raw.headers.get("X-Compactor-Outcome", "")
+            assert "rejected" not in outcome, (k, outcome)
+            sent = llm.requests[-1].body["messages"]
+            assert sent[-1] == history[-1]
+            if int(raw.headers.get("X-Compactor-Compactions", "0")):
+                largest_after = max(largest_after, len(json.dumps(sent)))
+            if k > 40:
+                blocks = [b for m in sent if isinstance(m["content"], list) for b in m["content"]]
+                assert SHAPES["signed"] in blocks, k
+            wait_turn(stack, "native-ws", k + 1)
+    finally:
+        client.close()
+    assert largest_after, "no compaction was ever applied"
+    assert largest_after < len(json.dumps(history)) / 3  # bounded, to the end
+    with stack.http() as http:
+        events = http.get("/v1/conversations/native-ws/events?limit=1000").json()
+    assert not [e for e in events if e["type"] in ("compaction.rejected", "compaction.failed")]
+    completed = [e for e in events if e["type"] == "compaction.completed"]
+    assert len(completed) >= 3
+    assert any(e["trigger"]["native_compaction"] for e in completed)
+    assert all(ENCRYPTED not in json.dumps(e) for e in events)
+
+
+def wait_turn(stack: Stack, conversation_id: str, revision: int) -> None:
+    """Until the outcome of the snapshot the proxy submitted for this turn is published."""
+    with stack.http() as http:
+        for _ in range(600):
+            r = http.get(f"/v1/conversations/{conversation_id}/events?limit=1000")
+            if r.status_code == 200 and any(
+                e["revision"] >= revision and e["type"] != "tool_results.elided" for e in r.json()
+            ):
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"no outcome of revision {revision}")
