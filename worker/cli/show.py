@@ -5,6 +5,9 @@ fidelity and what was dropped outright.
 
 Colour (ANSI) only when stdout is a terminal and ``NO_COLOR`` is not set; plain text when
 piped. The data is :func:`worker.core.inspection.compaction_view`'s, the same as the page's.
+Whatever comes from a conversation is printed with its control characters escaped (``\x1b``),
+on a terminal and piped alike: a message's text can never move the cursor, retitle the window,
+write the clipboard or hide what follows.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import shutil
 import sys
 import textwrap
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -28,6 +32,22 @@ from worker.wire.events import CompletedEvent, parse_event
 SIDE_BY_SIDE_MIN = 120  # columns from which the two sides stand next to each other
 MAX_LINES = 24  # of one message, unless --full
 _GAP = " │ "
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character but line breaks and tabs (C0, DEL, C1) and every
+    bidirectional formatting character written as an escape (``\x1b``, ``\u202e``)."""
+    return "".join(
+        ch if ch in "\n\t" or not _hidden(ch) else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
+
+
+def _hidden(ch: str) -> bool:
+    return unicodedata.category(ch) == "Cc" or unicodedata.bidirectional(ch) in _BIDI_CONTROLS
+
+
+_BIDI_CONTROLS = frozenset({"LRE", "RLE", "LRO", "RLO", "PDF", "LRI", "RLI", "FSI", "PDI"})
 
 
 @dataclass(frozen=True)
@@ -70,7 +90,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         entries = _all_events(client, args.conversation_id)
         chosen = _choose(entries, args.conversation_id, args.revision)
         if not isinstance(chosen[1], CompletedEvent):
-            print(describe_event(chosen[1]))  # a skip, a failure: what happened, in a line
+            print(visible(describe_event(chosen[1])))  # a skip, a failure: what happened
             return 0
         event, raw = chosen[1], chosen[0]
         original, problem = _original(client, event)
@@ -141,7 +161,7 @@ def render(view: CompactionView, *, width: int, style: Style, full: bool = False
     head = [
         style.bold(f"{event.conversation_id} revision {event.revision}: {event.type}"),
         f"{c.tokens_before:,} → {c.tokens_after:,} tokens: {c.end - c.start} messages "
-        f"({c.first_id} … {c.last_id}) replaced by {len(c.replacement)}",
+        f"({visible(c.first_id)} … {visible(c.last_id)}) replaced by {len(c.replacement)}",
         "",
     ]
     if width >= SIDE_BY_SIDE_MIN:
@@ -157,7 +177,7 @@ def render(view: CompactionView, *, width: int, style: Style, full: bool = False
     return [*head, *body, "", *_fidelity(view, style), *_dropped(view, width, style)]
 
 
-def _visible(text: str) -> int:
+def _columns(text: str) -> int:
     """Columns ``text`` takes (ANSI codes take none)."""
     out, skipping = 0, False
     for ch in text:
@@ -171,13 +191,13 @@ def _visible(text: str) -> int:
 
 
 def _pad(text: str, width: int) -> str:
-    return text + " " * max(0, width - _visible(text))
+    return text + " " * max(0, width - _columns(text))
 
 
 def _wrapped(text: str, width: int, full: bool) -> Iterator[str]:
     lines = [
         piece
-        for line in (text.splitlines() or [""])
+        for line in (visible(text).splitlines() or [""])
         for piece in (textwrap.wrap(line, max(width, 10), replace_whitespace=False) or [""])
     ]
     shown = lines if full or len(lines) <= MAX_LINES else lines[:MAX_LINES]
@@ -190,11 +210,11 @@ def _replaced(view: CompactionView, width: int, style: Style, full: bool) -> lis
     out = [style.red(style.bold(f"REPLACED ({len(view.replaced)} messages)"))]
     if not view.replaced:
         why = view.transcript_problem or "the transcript holds none"
-        return [*out, f"cannot be shown: {why}"[:width]]
+        return [*out, visible(f"cannot be shown: {why}")[:width]]
     titles = {s.number: s.title or "(intro)" for s in view.sections}
     for m in view.replaced:
         drawn = ", ".join(f"§{n} {titles.get(n, '')}" for n in m.sections)
-        out.append(style.cyan(f"┌ {m.id} · {m.role}"[:width]))
+        out.append(style.cyan(visible(f"┌ {m.id} · {m.role}")[:width]))
         if drawn:
             out += [style.dim(f"│ → {line}") for line in _wrapped(drawn, width - 4, True)]
         out += [f"│ {line}" for line in _wrapped(m.text, width - 2, full)]
@@ -205,11 +225,11 @@ def _replacement(view: CompactionView, width: int, style: Style, full: bool) -> 
     c = view.event.compaction
     out = [style.green(style.bold(f"INSTEAD ({len(c.replacement)} messages)"))]
     for role, text in view.carried:
-        out.append(style.cyan(f"┌ {role} (carried verbatim)"[:width]))
+        out.append(style.cyan(visible(f"┌ {role} (carried verbatim)")[:width]))
         out += [f"│ {line}" for line in _wrapped(text, width - 2, full)]
     out.append(style.cyan(f"┌ the summary ({c.summary.source}, {c.summary.tokens:,} tokens)"))
     for s in view.sections:
-        out.append(style.bold(f"│ §{s.number} {s.title or '(intro)'}"[:width]))
+        out.append(style.bold(visible(f"│ §{s.number} {s.title or '(intro)'}")[:width]))
         if s.source_ids:
             more = f" and {s.omitted_ids} more" if s.omitted_ids else ""
             sources = "from " + ", ".join(s.source_ids) + more
@@ -244,5 +264,5 @@ def _dropped(view: CompactionView, width: int, style: Style) -> list[str]:
             if x is not None
         )
         size = f", {d.bytes:,} bytes" if d.bytes is not None else ""
-        out.append(f"  {what}{size}"[:width])
+        out.append(visible(f"  {what}{size}")[:width])
     return out
