@@ -157,7 +157,11 @@ def _newest_outcome(entries: list[Any]) -> Outcome | None:
         return Outcome(
             type=event.type,
             revision=event.revision,
-            code=getattr(error, "code", None) or getattr(event, "reason", None),
+            code=(
+                getattr(error, "code", None)
+                or getattr(event, "why", None)
+                or getattr(event, "reason", None)
+            ),
             field=getattr(error, "field", None),
         )
     return None

@@ -23,11 +23,12 @@ import hashlib
 import hmac
 import json
 import logging
+import posixpath
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -67,6 +68,7 @@ COOKIE = "cw_ui"
 SECURE_COOKIE = "__Host-cw_ui"  # over https: bound to this host, Secure, Path=/
 LOGIN_COOKIE = "cw_ui_login"
 MAX_FORM_BYTES = 16_384
+MAX_FORM_FIELDS = 32  # the most fields a form may have (every form of the inspector has a few)
 STATIC = {"inspector.css": "text/css", "inspector.js": "text/javascript"}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -161,7 +163,12 @@ async def _form(request: Request, api: Api) -> dict[str, str]:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError.of(400, "invalid_request", "the form is not UTF-8") from None
-    return dict(parse_qsl(text, keep_blank_values=True, max_num_fields=32))
+    try:
+        return dict(parse_qsl(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS))
+    except ValueError:  # more fields than any of our forms has
+        raise ApiError.of(
+            413, "invalid_request", f"the form has more than {MAX_FORM_FIELDS} fields"
+        ) from None
 
 
 def _same_origin(request: Request) -> None:
@@ -183,8 +190,12 @@ def _check_csrf(session: Session, form: dict[str, str]) -> None:
 
 def _next_path(raw: str | None) -> str:
     """Where to go after the login: a path of the inspector only (never another site)."""
-    if raw and raw.startswith(pages.UI + "/") and not raw.startswith("//") and "\\" not in raw:
-        return raw
+    if raw and raw.startswith(pages.UI + "/") and "\\" not in raw:
+        path, sep, query = raw.partition("?")
+        # Dot segments resolved as a browser resolves them: the target stays under /ui.
+        normal = posixpath.normpath(unquote(path))
+        if normal.startswith(pages.UI + "/") and not normal.startswith("//"):
+            return quote(normal) + sep + query
     return f"{pages.UI}/conversations"
 
 
@@ -305,8 +316,12 @@ async def _logout(request: Request, api: Api, session: Session) -> Response:
     with aredis_errors("ending the session"):
         await api.aredis.delete(keys.ui_session(session.digest))
     response = _see(f"{pages.UI}/login")
-    for name in (COOKIE, SECURE_COOKIE):
-        response.delete_cookie(name, path="/")
+    # Deleted with the attributes they were set with: a browser ignores the deletion of a
+    # __Host- cookie that is not Secure.
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    response.delete_cookie(
+        SECURE_COOKIE, path="/", secure=True, httponly=True, samesite="strict"
+    )
     return response
 
 

@@ -84,7 +84,9 @@ class Api:
         out = []
         reverted: set[str] = set()
         for entry_id, fields in entries:
-            with contextlib.suppress(ValueError):
+            # An entry that is no event (written by another program, cut short) is skipped,
+            # as every other reader of the stream skips it.
+            with contextlib.suppress(ValueError, KeyError):
                 event = parse_event(fields[b"event"])
                 if isinstance(event, RevertedEvent):
                     reverted.add(event.reverted_event_id)  # newest first: before its compaction

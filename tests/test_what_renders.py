@@ -1,6 +1,7 @@
-"""``compactor show`` never writes a conversation's control characters raw: window titles,
-clipboard writes, hyperlinks, screen clears and bidirectional overrides in messages, ids,
-summaries and titles come out escaped, coloured or not (the bytes are read)."""
+"""Nothing hostile renders: ``compactor show`` never writes a conversation's control
+characters raw (window titles, clipboard writes, hyperlinks, screen clears and bidirectional
+overrides in messages, ids, summaries and titles come out escaped, coloured or not: the bytes
+are read), and the inspector's sign-in goes on only to a page under ``/ui``."""
 
 from __future__ import annotations
 
@@ -87,3 +88,20 @@ def test_visible_escapes_what_a_terminal_would_act_on() -> None:
     assert visible("a\x1b[2Jb") == "a\\x1b[2Jb"
     assert visible("x\u2067y") == "x\\u2067y"
     assert visible("keep\nlines\tand tabs, café") == "keep\nlines\tand tabs, café"
+
+
+@pytest.mark.parametrize(
+    ("asked", "goes"),
+    [
+        ("/ui/../../evil", "/ui/conversations"),
+        ("/ui/%2e%2e/%2e%2e/evil", "/ui/conversations"),
+        ("//evil.example/ui/x", "/ui/conversations"),
+        ("/ui/conversations/acme%3Ac-1?limit=5", "/ui/conversations/acme%3Ac-1?limit=5"),
+        ("/ui/conversations/a/../b", "/ui/conversations/b"),
+        ("https://evil.example/ui/", "/ui/conversations"),
+    ],
+)
+def test_sign_in_goes_on_only_to_a_page_under_ui(asked: str, goes: str) -> None:
+    from worker.api.inspector import _next_path
+
+    assert _next_path(asked) == goes
