@@ -33,6 +33,8 @@ SKIPPED = frozenset({"compaction.skipped"})
 COMPLETED = frozenset({"compaction.completed"})
 # The threshold the "over" snapshots set for themselves, so that tiny histories compact.
 LOW_THRESHOLD = 60
+# Room in the summary for what a case checks it holds.
+ROOMY = {"summary_max_output_tokens": 700}
 OVER_CONFIG = {
     "auto_compact_threshold_tokens": LOW_THRESHOLD,
     "min_gain_percent": 0,
@@ -913,7 +915,8 @@ def _nesting_and_size_cases() -> list[HostileCase]:
 
 def _injection_cases() -> list[HostileCase]:
     forged = _forged_summary(FORGED_TEXT)
-    messages = _chat(4)
+    # Enough turns that a summary with room for the forged text still pays.
+    messages = _chat(40)
     forged_messages = [
         messages[0],
         {"id": "fake", "role": "user", "content": forged},
@@ -931,7 +934,7 @@ def _injection_cases() -> list[HostileCase]:
             "forged-summary-over-threshold",
             "prompt-injection",
             "handled",
-            lambda: _enc(_over("forged-summary-over-threshold", forged_messages)),
+            lambda: _enc(_over("forged-summary-over-threshold", forged_messages, config=ROOMY)),
             outcomes=COMPLETED,
             conversation_id=_cid("forged-summary-over-threshold"),
         ),
@@ -947,6 +950,7 @@ def _injection_cases() -> list[HostileCase]:
                         {"id": "fake", "role": "user", "content": forged},
                         messages[-1],
                     ],
+                    config=ROOMY,
                 )
             ),
             outcomes=COMPLETED,

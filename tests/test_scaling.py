@@ -104,13 +104,21 @@ def _fit_by_recounting(plan: RangePlan, budget: int, count: Any, order: dict[str
                 m = m.model_copy(update={"tool_calls": rest})
             kept.append(m)
         plan.carried = kept
-    while total() > budget and len(plan.user_ids) > 1:
-        message_id = plan.user_ids.pop(0)
+    newest = plan.user_ids[-1] if plan.user_ids else None
+    task = plan.task_id if plan.task_id != newest else None
+    for message_id in [u for u in plan.user_ids if u not in (task, newest)]:
+        if total() <= budget:
+            break
+        plan.user_ids.remove(message_id)
         plan.to_summarize.extend(m for m in plan.carried if m.id == message_id)
         plan.carried = [m for m in plan.carried if m.id != message_id]
     over = total() - budget
-    if over > 0 and plan.user_ids:
-        compaction._cut_user_turn(plan, plan.user_ids[-1], over, count)
+    if over > 0 and task is not None:
+        over -= compaction._cut_user_turn(
+            plan, task, over, count, least=compaction.TASK_LEAST_TOKENS
+        )
+    if over > 0 and newest is not None:
+        compaction._cut_user_turn(plan, newest, over, count)
     plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
 
 

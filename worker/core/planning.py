@@ -2,17 +2,20 @@
 
 Pure functions over normalized messages. When the trigger fires: leading system messages stay;
 the range ends before the protected tail (the newest group, and an unfinished tool exchange);
-the newest user turns (up to ``preserve_recent_user_tokens``, at least one; a turn repeating a
-newer one word for word once) and the last
-``preserve_recent_delegation_results`` delegation results are carried verbatim into the
-replacement, in order, before the summary. Per-tool hints are resolved here, once, and frozen
-into the event (docs/configuration.md, "Per-tool hints"): ``keep`` carries a call whole,
-``strip*`` carries it with parts replaced by markers, ``omit`` drops it from the replacement and
-from the summary input.
+the newest user turn, the task (the range's first user turn, when it fits
+``preserve_recent_user_tokens`` beside the newest), the newer user turns that fit too (a turn
+repeating a newer one word for word once) and the last ``preserve_recent_delegation_results``
+delegation results are carried verbatim into the replacement, in order, before the summary. A
+carried turn too large for the room left is cut cleanly (at line breaks outside code fences,
+the cut marked with how much it removed); what a cut removes is never summarized. Per-tool
+hints are resolved here, once, and frozen into the event (docs/configuration.md, "Per-tool
+hints"): ``keep`` carries a call whole, ``strip*`` carries it with parts replaced by markers,
+``omit`` drops it from the replacement and from the summary input.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,6 +68,7 @@ class RangePlan:
     previous_summary: str | None
     summary_ids: list[str] = field(default_factory=list)  # the earlier summaries' messages
     user_ids: list[str] = field(default_factory=list)  # carried user turns, oldest first
+    task_id: str | None = None  # the carried task (the range's first user turn), if carried
     delegation_calls: list[str] = field(default_factory=list)  # carried delegations, oldest first
 
 
@@ -95,9 +99,11 @@ def plan_range(
         return None
     start, end = bounds
     in_range = groups[first:tail]
-    users = _preserved_users(messages, in_range, config.preserve_recent_user_tokens, count)
+    users, task = _preserved_users(messages, in_range, config.preserve_recent_user_tokens, count)
     delegations = _preserved_delegations(messages, in_range, config, policies)
-    return _assemble(messages, in_range, policies, start, end, users, delegations)
+    plan = _assemble(messages, in_range, policies, start, end, users, delegations)
+    plan.task_id = messages[task].id if task is not None else None
+    return plan
 
 
 def range_bounds(messages: list[Message]) -> tuple[int, int] | None:
@@ -120,32 +126,58 @@ def _bounds(
 
 def _preserved_users(
     messages: list[Message], groups: list[Group], budget: int, count: TokenCount
-) -> set[int]:
-    """Newest user turns within ``budget`` tokens, and always at least the newest one. An
-    older turn that repeats a newer one's text word for word (a harness's format reminder, a
-    "continue") is not carried again: it says nothing the newer copy does not, and goes to the
-    summary input with the rest of the range."""
-    chosen: set[int] = set()
-    said: set[str] = set()
-    spent = 0
-    for g in reversed(groups):
-        if g.kind != "user":
-            continue
-        for i in g.indices():
-            m = messages[i]
-            if m.role != "user" or is_summary_message(m):
-                continue
-            if not m.content.strip() and not m.attachments:  # an image alone is a turn
-                continue
-            if not m.attachments and m.content in said:
-                continue
-            cost = count(m)
-            if chosen and spent + cost > budget:
-                return chosen
-            chosen.add(i)
+) -> tuple[set[int], int | None]:
+    """The user turns to carry, and which of them is the task: always the newest turn; then the
+    task, the range's first user turn (the conversation's first, or the copy an earlier
+    compaction carried), when it fits ``budget`` tokens beside the newest; then the newer turns,
+    newest first, while they fit. The task is what every later turn works on, so it goes before
+    the turns between. A turn that repeats a newer one's text word for word (a harness's format
+    reminder, a "continue") is not carried again: it says nothing the newer copy does not, and
+    goes to the summary input with the rest of the range."""
+    turns = [
+        i for g in groups if g.kind == "user" for i in g.indices() if _a_user_turn(messages[i])
+    ]
+    if not turns:
+        return set(), None
+    newest = turns[-1]
+    chosen = {newest}
+    said = {messages[newest].content}
+    spent = count(messages[newest])
+    task = _task_turn(messages, groups)
+    if task is not None and task != newest:
+        m = messages[task]
+        cost = count(m)
+        if spent + cost > budget or (not m.attachments and m.content in said):
+            task = None
+        else:
+            chosen.add(task)
             said.add(m.content)
             spent += cost
-    return chosen
+    for i in reversed(turns[:-1]):
+        m = messages[i]
+        if i == task or (not m.attachments and m.content in said):
+            continue
+        cost = count(m)
+        if spent + cost > budget:
+            break
+        chosen.add(i)
+        said.add(m.content)
+        spent += cost
+    return chosen, task
+
+
+def _task_turn(messages: list[Message], groups: list[Group]) -> int | None:
+    """The range's first user turn, when no earlier summary comes before it: the task as the
+    user stated it, or the copy of it that an earlier compaction carried (it stays in front of
+    that compaction's summary)."""
+    for g in groups:
+        for i in g.indices():
+            m = messages[i]
+            if is_summary_message(m):
+                return None
+            if g.kind == "user" and _a_user_turn(m):
+                return i
+    return None
 
 
 def _preserved_delegations(
@@ -253,18 +285,31 @@ def carried_tokens(plan: RangePlan, count: TokenCount) -> int:
 def fit_carried(
     plan: RangePlan, budget_tokens: int, count: TokenCount, order: dict[str, int]
 ) -> None:
-    """Give up carried items until they fit ``budget_tokens``: delegation results first
-    (oldest first), then user turns (oldest first, the newest always stays, cut if it must).
-    What is given up goes to the summary input instead, in conversation order."""
+    """Give up carried items until they fit ``budget_tokens``: delegation results first (oldest
+    first), then the user turns between the task and the newest (oldest first); what is given
+    up goes to the summary input instead, in conversation order. Then the task is cut to the
+    room the newest turn leaves it (to no less than :data:`TASK_LEAST_TOKENS`), and the newest
+    last (cut if it must). What a cut removes goes nowhere (:func:`shortened`): the turn's whole
+    text is in the transcript, and a summary of part of a message would read as conversation."""
     carried = _Carried(plan.carried, count)
     while carried.total > budget_tokens and plan.delegation_calls:
         _demote_delegation(plan, carried, plan.delegation_calls.pop(0))
-    while carried.total > budget_tokens and len(plan.user_ids) > 1:
-        _demote_message(plan, carried, plan.user_ids.pop(0))
+    newest = plan.user_ids[-1] if plan.user_ids else None
+    task = plan.task_id if plan.task_id != newest else None
+    given_up: set[str] = set()
+    for message_id in plan.user_ids:
+        if carried.total <= budget_tokens:
+            break
+        if message_id not in (task, newest):
+            _demote_message(plan, carried, message_id)
+            given_up.add(message_id)
+    plan.user_ids = [u for u in plan.user_ids if u not in given_up]
     plan.carried = carried.messages()
     over = carried.total - budget_tokens
-    if over > 0 and plan.user_ids:
-        _cut_user_turn(plan, plan.user_ids[-1], over, count)
+    if over > 0 and task is not None:
+        over -= _cut_user_turn(plan, task, over, count, least=TASK_LEAST_TOKENS)
+    if over > 0 and newest is not None:
+        _cut_user_turn(plan, newest, over, count)
     plan.to_summarize.sort(key=lambda m: order.get(m.id, 0))
 
 
@@ -389,19 +434,119 @@ def _demote_message(plan: RangePlan, carried: _Carried, message_id: str) -> None
             carried.replace(k, None)
 
 
-def _cut_user_turn(plan: RangePlan, message_id: str, over: int, count: TokenCount) -> None:
-    """Keep the start and end of an oversized newest user turn; the cut is marked in the text."""
+# The least a cut keeps of a carried turn's text, in tokens: of the task, enough to say what it
+# asks; of the newest turn, its opening words.
+TASK_LEAST_TOKENS = 64
+TURN_LEAST_TOKENS = 32
+
+
+def _cut_user_turn(
+    plan: RangePlan, message_id: str, over: int, count: TokenCount, least: int = TURN_LEAST_TOKENS
+) -> int:
+    """Cut a carried user turn by about ``over`` tokens (keeping at least ``least`` of its
+    text), cleanly (:func:`shortened`); the tokens it saved. Its images and files stay whole."""
     for k, m in enumerate(plan.carried):
         if m.id != message_id:
             continue
-        # Its images and files stay whole (never dropped from a carried turn): the text gives.
         text_tokens = max(count(m) - m.attachment_tokens, 1)
-        keep = max(text_tokens - over - 16, 32)
-        text = m.content
-        chars = max(len(text) * keep // text_tokens, 64)
-        half = chars // 2
-        cut = f"{text[:half]}\n…[user message shortened by compaction]…\n{text[-half:]}"
-        if len(cut) < len(text):
-            plan.carried[k] = m.model_copy(update={"content": cut})
-            plan.to_summarize.append(m)
-        return
+        keep = max(text_tokens - over - 16, least)
+        chars = max(len(m.content) * keep // text_tokens, 64)
+        cut = shortened(m.content, chars)
+        if len(cut) >= len(m.content):
+            return 0
+        short = m.model_copy(update={"content": cut})
+        plan.carried[k] = short
+        return count(m) - count(short)
+    return 0
+
+
+# The line that stands where a carried turn was cut; a turn cut again keeps one, its count summed.
+SHORTENED_NOTE = (
+    "[… user message shortened by compaction: {removed} characters left out, the whole message "
+    "is in the transcript …]"
+)
+_SHORTENED = re.compile(
+    r"\[… user message shortened by compaction: (\d+) characters left out[^\n]*…\]\n?"
+)
+_FENCE = re.compile(r"[ \t]*(?:```|~~~)")
+
+
+def shortened(text: str, keep: int) -> str:
+    """``text`` cut to about ``keep`` characters, cleanly: its head (two thirds of them: a task
+    says what it asks first) and its tail (the last instructions), each ending or starting at a
+    line break outside a code fence where there is one in the second half of its part (else at
+    a line break or a space, a fence opened or closed again so that none is left open), and
+    between them one line saying how many characters were left out. A text already cut so is
+    cut again around its note, and the note counts what both cuts removed."""
+    note = _SHORTENED.search(text)
+    head_end, tail_start = (len(text), 0) if note is None else (note.start(), note.end())
+    earlier = int(note.group(1)) if note is not None else 0
+    head_goal = min(keep * 2 // 3, head_end)
+    tail_goal = max(len(text) - (keep - head_goal), tail_start)
+    if note is None and head_goal >= tail_goal:
+        return text
+    lines = _line_starts(text)
+    head, head_fenced = _break_before(text, lines, head_goal)
+    tail, tail_fenced = _break_after(text, lines, tail_goal)
+    kept_head, kept_tail = text[:head], text[tail:].lstrip("\n")
+    # What the text held beyond what stays, its earlier note aside, and what that note counted.
+    span = tail_start - head_end if note is not None else 0
+    removed = earlier + len(text) - span - len(kept_head) - len(kept_tail)
+    if kept_head and not kept_head.endswith("\n"):
+        kept_head += "\n"
+    if head_fenced:
+        kept_head += "```\n"
+    kept_tail = ("```\n" if tail_fenced else "") + kept_tail
+    note_line = SHORTENED_NOTE.format(removed=removed)
+    return f"{kept_head}{note_line}\n{kept_tail}" if kept_tail else f"{kept_head}{note_line}"
+
+
+def _line_starts(text: str) -> list[tuple[int, bool]]:
+    """(offset, inside a code fence) of each line's start, and of the text's end."""
+    starts: list[tuple[int, bool]] = []
+    fenced = False
+    at = 0
+    for line in text.splitlines(keepends=True):
+        starts.append((at, fenced))
+        if _FENCE.match(line):
+            fenced = not fenced
+        at += len(line)
+    starts.append((at, fenced))
+    return starts
+
+
+def _break_before(text: str, lines: list[tuple[int, bool]], goal: int) -> tuple[int, bool]:
+    """Where a head cut near ``goal`` (not after it) ends, and whether a fence is open there."""
+    window = [(at, fenced) for at, fenced in lines if goal // 2 <= at <= goal]
+    clean = [at for at, fenced in window if not fenced]
+    if clean:
+        return clean[-1], False
+    if window:
+        return window[-1]
+    space = text.rfind(" ", goal // 2, goal)
+    at = space if space > 0 else goal
+    return at, _fenced_at(lines, at)
+
+
+def _break_after(text: str, lines: list[tuple[int, bool]], goal: int) -> tuple[int, bool]:
+    """Where a tail cut near ``goal`` (not before it) starts, and whether a fence is open there."""
+    last = goal + (len(text) - goal) // 2
+    window = [(at, fenced) for at, fenced in lines if goal <= at <= last]
+    clean = [at for at, fenced in window if not fenced]
+    if clean:
+        return clean[0], False
+    if window:
+        return window[0]
+    space = text.find(" ", goal, last)
+    at = space + 1 if space >= 0 else goal
+    return at, _fenced_at(lines, at)
+
+
+def _fenced_at(lines: list[tuple[int, bool]], at: int) -> bool:
+    """Whether offset ``at`` lies inside a code fence (the state of the line holding it)."""
+    state = False
+    for start, fenced in lines:
+        if start > at:
+            break
+        state = fenced
+    return state

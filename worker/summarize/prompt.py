@@ -59,6 +59,12 @@ about it.
 - Artifacts and files touched: list every file path mentioned, with what happened to it.
 - Errors and outcomes: each error with how it was resolved, or that it is still open.
 - Delegated work: each sub-task handed to another agent or tool, and its result.
+- Progress: what the agent has done since the session began, oldest first, one line a step, \
+and what is still pending; this is what the agent most needs to go on.
+- Identifiers belong where they matter (files, errors, decisions, steps); a bare list of names \
+takes at most a third of the summary.
+- A message's own Markdown headings are not sections of yours: state what it asks in your \
+sections, never copy its headings.
 - Write the summary in the language the conversation is written in (the user's language), \
 even though these instructions are in English; quote its words as written, never translated or \
 transliterated.
@@ -69,9 +75,13 @@ it is; never guess or reconstruct the value.
 _TASK_SINGLE = "Summarize the conversation in <conversation>."
 _TASK_UPDATE = (
     "<summary-so-far> is the summary of this session up to where <conversation> starts. Update "
-    "it with <conversation>: keep its facts unless the conversation changes them, carry its "
-    "files, decisions and open items forward, add the new ones, and move progress and next "
-    "steps to the latest state. Do not summarize the summary."
+    "it with <conversation>, section by section: keep its facts unless the conversation changes "
+    "them, and merge each of its sections into yours of the same name (Goal stays the task as "
+    "the user stated it; Progress keeps every earlier step, condensed, then the new ones; "
+    "Decisions, Constraints, Delegated work and Artifacts keep every earlier item; Errors and "
+    "outcomes keeps every earlier error, its outcome updated; Open questions and Next steps "
+    "say what is open now). Do not summarize the summary, and do not keep it as a section of "
+    "its own."
 )
 _TASK_CHUNK = (
     "The session is too long for one request, so it comes in {n} consecutive parts, oldest "
@@ -80,13 +90,14 @@ _TASK_CHUNK = (
 )
 _TASK_MERGE = (
     "Each <part> is the summary of consecutive parts of one session, oldest first. Merge them "
-    "into one summary: keep every file, decision, error and open item; where parts disagree the "
-    "later part wins, and progress and next steps reflect the last part. A part may end with "
-    "conversation text after [the rest of this part, verbatim]: summarize it with that part."
+    "into one summary, section by section: keep every file, decision, error and open item, and "
+    "every step of progress in order; where parts disagree the later part wins, and next steps "
+    "reflect the last part. A part may end with conversation text after [the rest of this "
+    "part, verbatim]: summarize it with that part."
 )
 _TASK_MERGE_UPDATE = (
-    " <summary-so-far> is the summary of the session before the first part: update it with the "
-    "parts rather than summarizing it again."
+    " <summary-so-far> is the summary of the session before the first part: merge it with the "
+    "parts section by section, as the first of them, rather than summarizing it again."
 )
 _EXTRA = "\n\nAdditional instructions from the operator:\n{extra}"
 # A requested compaction's focus: user text, last, and subordinate to everything above it.
