@@ -156,9 +156,10 @@ class Product:
         bound = max(budget, MIN_OUTPUT_TOKENS)
         for _ in range(MAX_BOUND_TRIES):
             run = self.run(bound)
-            if run is None:
-                return None
-            if run.size <= budget:
+            if run is None:  # a summary this long would not pay: a smaller bound
+                over = min(over, bound)
+                guess = over
+            elif run.size <= budget:
                 fits = run if fits is None or run.bound > fits.bound else fits
                 if not run.truncated:
                     break  # the digest said all it had: a larger bound changes nothing

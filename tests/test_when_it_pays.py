@@ -136,7 +136,8 @@ def test_the_summary_bound_derives_from_the_threshold_unless_it_is_set(threshold
     derived = CompactionConfig(auto_compact_threshold_tokens=threshold)
     bound = derived.summary_output_bound(threshold)
     assert MIN_DERIVED_SUMMARY_TOKENS <= bound <= 2000
-    assert bound == min(max(threshold // 2 // 4, MIN_DERIVED_SUMMARY_TOKENS), 2000)
+    target = threshold * 70 // 100
+    assert bound == min(max(target // 4, MIN_DERIVED_SUMMARY_TOKENS), 2000)
     explicit = CompactionConfig(summary_max_output_tokens=1800)
     assert explicit.summary_output_bound(threshold) == 1800
     # a snapshot's override of another setting keeps the bound derived
@@ -181,7 +182,7 @@ def test_three_hundred_turns_with_a_small_window_never_compact_on_consecutive_tu
             c.tokens_before
         )
         assert c.tokens_after <= target, (c.tokens_after, target)
-        assert c.summary.tokens <= CompactionConfig().summary_output_bound(threshold)
+        assert c.summary.tokens <= CompactionConfig().summary_max_output_tokens
 
 
 def test_the_cost_policy_needs_the_minimum_gain_too(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ class CompactionConfig(_Strict):
     # only when it did; it aims at auto_compact_target_percent of the threshold, so that the
     # turns after it have room before the next one.
     min_gain_percent: int = Field(default=10, ge=0, le=100)
-    auto_compact_target_percent: int = Field(default=50, ge=1, le=100)
+    auto_compact_target_percent: int = Field(default=70, ge=1, le=100)
     delegation_tools: list[str] = Field(default_factory=lambda: ["delegate_task", "task", "agent"])
     min_summary_fidelity: float = Field(default=0.5, ge=0.0, le=1.0)
     compress_tool_results: bool = True
@@ -169,10 +169,12 @@ class CompactionConfig(_Strict):
         return threshold * self.auto_compact_target_percent // 100
 
     def summary_output_bound(self, threshold: int | None) -> int:
-        """The summary's bound in tokens: ``summary_max_output_tokens`` when it was set (in the
-        file, the environment or the snapshot), else a quarter of the target, between
-        :data:`MIN_DERIVED_SUMMARY_TOKENS` and the default: a small window gets a summary that
-        leaves it room, so that it cannot compact on every turn."""
+        """The least bound a summary gets, in tokens: ``summary_max_output_tokens`` when it was
+        set (in the file, the environment or the snapshot), else a quarter of the target,
+        between :data:`MIN_DERIVED_SUMMARY_TOKENS` and the default. A compaction gives an unset
+        bound whatever room the target leaves beside what it carries, up to the default
+        (worker.pipeline.preparation): a small window gets a summary that leaves it room, so
+        that it cannot compact on every turn."""
         target = self.target_tokens(threshold)
         if "summary_max_output_tokens" in self.model_fields_set or target is None:
             return self.summary_max_output_tokens
@@ -194,7 +196,7 @@ class CompactionConfig(_Strict):
 
 # The least a derived summary bound is (CompactionConfig.summary_output_bound): below it a
 # summary cannot say what the task is and where it stands.
-MIN_DERIVED_SUMMARY_TOKENS = 256
+MIN_DERIVED_SUMMARY_TOKENS = 128
 
 
 def _share(context_window: int, percent: int) -> int:

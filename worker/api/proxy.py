@@ -56,6 +56,10 @@ return revision
 CONVERSATION_HEADER = "x-compactor-conversation"
 KEY_HEADER = "x-compactor-key"
 CONTEXT_WINDOW_HEADER = "x-compactor-context-window"
+# The positions in the request's history of the messages carried word for word through every
+# compaction: "0, 5" (docs/http.md, "Pins").
+PIN_HEADER = "x-compactor-pin"
+_PIN_NAME = "X-Compactor-Pin"
 # How the agent and the reply spell it (header names are case-insensitive).
 _WINDOW_NAME = "X-Compactor-Context-Window"
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the proxy sets itself.
@@ -114,6 +118,7 @@ class _Plan:
     complete: bool = False
     headers: dict[str, str] = field(default_factory=dict)  # what was applied, for the agent
     window: ContextWindow | None = None  # the model's, when known
+    pins: list[int] = field(default_factory=list)  # positions in the history sent
 
 
 class Proxy:
@@ -207,7 +212,8 @@ class Proxy:
         if not isinstance(history, list) or not all(isinstance(m, dict) for m in history):
             log.info("proxy: %s is not a list of items; forwarded as it came", upstream.history)
             return None, raw
-        plan = _Plan(tenant, internal, upstream, body, window=self._window(stated, body))
+        pins = given_pins(request, len(history))
+        plan = _Plan(tenant, internal, upstream, body, window=self._window(stated, body), pins=pins)
         try:
             result = await compacted_history(self.api, internal, upstream.wire, history)
         except TransientError as exc:  # Redis away: the agent's request still goes, as it came
@@ -269,6 +275,9 @@ class Proxy:
             }
             if plan.upstream.wire == "anthropic" and plan.body.get("system") is not None:
                 snapshot["system"] = plan.body["system"]
+            if plan.pins:
+                ids = formats.source_ids(history)
+                snapshot["pinned"] = [ids[i] for i in plan.pins]
             await anyio.to_thread.run_sync(self.api.client.submit, snapshot)
         except (CompactorError, ValueError, KeyError, TypeError, OSError) as exc:
             # Never the request or its headers: they may carry the agent's credentials.
@@ -288,6 +297,22 @@ def given_window(request: Request) -> int | None:
     if len(values) > 1:
         raise ApiError.of(422, "invalid_request", f"{_WINDOW_NAME}: given more than once")
     return integer_param(values[0].strip(), _WINDOW_NAME, MIN_CONTEXT_WINDOW, MAX_CONTEXT_WINDOW)
+
+
+def given_pins(request: Request, length: int) -> list[int]:
+    """The positions ``X-Compactor-Pin`` names (comma-separated, in the history the request
+    carries); a 422 naming the header for anything but such positions."""
+    values = ",".join(request.headers.getlist(PIN_HEADER))
+    pins: list[int] = []
+    for part in filter(None, (p.strip() for p in values.split(","))):
+        if not (part.isascii() and part.isdigit() and len(part) <= 9) or int(part) >= length:
+            raise ApiError.of(
+                422,
+                "invalid_request",
+                f"{_PIN_NAME}: {part[:20]!r} is no position in the {length} messages sent",
+            )
+        pins.append(int(part))
+    return sorted(set(pins))
 
 
 def window_headers(window: ContextWindow | None) -> dict[str, str]:

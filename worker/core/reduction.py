@@ -6,7 +6,8 @@ the range, the protected tail), as the strategies expect, and the messages of it
 lie in the range stand for the range: kept as they were, or rewritten (a tool output replaced
 by a placeholder). One marker message follows them, counting what was omitted or replaced so
 far (an earlier reduction's marker in the range is taken over), so that the agent and the model
-know something was there. Pure: no LLM, no digest.
+know something was there. A pinned message of the range (and its group) stays as it was,
+whatever the strategy did with it. Pure: no LLM, no digest.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def reduce_range(
     given = {m.id: m for m in messages}
     ranged = [m for m in messages if start <= m.source_index < end]
     survived = [m for m in result if start <= m.source_index < end]
-    kept = [m for m in survived if marker_counts(m) is None]
+    kept = _with_pins(messages, ranged, [m for m in survived if marker_counts(m) is None])
     if opens_with_user and needs_user_lead(messages, start, kept):
         lead = user_lead(messages, start, end, kept)
         # With no user turn to lead them, what comes before the first kept one is omitted.
@@ -151,6 +152,25 @@ def reduce_range(
     omitted_count, masked = _counts(omitted)
     changed = len(survived) < len(ranged) or bool(rewritten)
     return ReducedRange(kept, rewritten, omitted, omitted_count, masked + len(rewritten), changed)
+
+
+def _with_pins(
+    messages: list[Message], ranged: list[Message], kept: list[Message]
+) -> list[Message]:
+    """``kept`` with every pinned message of the range (and its group) as it was, whatever the
+    strategy did with it (docs/snapshot.md, "Pins"), in conversation order."""
+    if not any(m.pinned for m in ranged):
+        return kept
+    pinned = {
+        messages[i].id
+        for g in group_messages(messages)
+        if any(messages[i].pinned for i in g.indices())
+        for i in g.indices()
+    }
+    as_kept = {m.id: m for m in kept}
+    return [
+        m if m.id in pinned else as_kept[m.id] for m in ranged if m.id in pinned or m.id in as_kept
+    ]
 
 
 def _counts(omitted: list[Message]) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from worker.reuse import Reuse
 from worker.summarize import Summarizer
 from worker.summarize.digest import DigestSummarizer
 from worker.transcripts import TranscriptStore
+from worker.wire import formats
 from worker.wire.composed import ComposedCompaction, apply_composed
 from worker.wire.events import (
     HELD_REASON,
@@ -46,6 +47,7 @@ from worker.wire.events import (
     skipped_event,
 )
 from worker.wire.history import apply_compaction
+from worker.wire.models import canonical_json
 from worker.wire.requests import CompactRequest
 from worker.wire.snapshots import ParsedSnapshot, decode_json, parse_snapshot
 
@@ -142,6 +144,8 @@ class Pipeline:
         if not changed:
             return parsed
         raw = parsed.snapshot.model_dump(mode="json") | {"messages": messages}
+        if parsed.snapshot.pinned:
+            raw["pinned"] = _pins_after(parsed, messages)
         if parsed.snapshot.usage is not None:
             # The usage counted the messages as submitted, not as compacted.
             log.info(
@@ -590,6 +594,23 @@ def _with_overrides(
         if overrides:
             merged[name] = (dict(own) if isinstance(own, Mapping) else {}) | overrides
     return merged
+
+
+def _pins_after(parsed: ParsedSnapshot, messages: list[dict[str, Any]]) -> list[str]:
+    """The ids the pinned messages have in ``messages`` (the history with compactions
+    applied): a message is found by what it says, whatever its id (a derived id changes when
+    a compaction moves the message; every compaction carried it word for word)."""
+    said = {
+        _said(parsed.snapshot.messages[m.source_index])
+        for m in parsed.messages
+        if m.pinned and m.source_index >= 0
+    }
+    ids = formats.source_ids(messages)
+    return [mid for mid, raw in zip(ids, messages, strict=True) if _said(raw) in said]
+
+
+def _said(raw: dict[str, Any]) -> str:
+    return canonical_json({k: v for k, v in raw.items() if k != "id"})
 
 
 def _with_composed(

@@ -3,13 +3,16 @@ verbatim, and the summary request for it."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from worker.config import CompactionConfig
+from worker.core.cost import ceiling_tokens
 from worker.core.facts import extract_facts
 from worker.core.identifiers import CALLS, TEXT, code_names
+from worker.core.pins import carry_pinned
 from worker.core.planning import (
     RangePlan,
     ToolPolicies,
@@ -23,6 +26,7 @@ from worker.core.redaction import redact, redact_messages
 from worker.pipeline.context import SnapshotContext
 from worker.pipeline.evaluation import Evaluation
 from worker.summarize import SummaryRequest
+from worker.tokens import counted_by
 from worker.wire import formats
 from worker.wire.events import Floor, event_id_for
 from worker.wire.media import placeholders
@@ -74,27 +78,38 @@ def plan_compaction(context: SnapshotContext, evaluation: Evaluation) -> Planned
     policies = resolve_tool_policies(context.settings.tools)
     count = _counter(context)
     plan = plan_range(context.messages, config, policies, count=count)
-    if plan is None or not (plan.to_summarize or plan.previous_summary):
+    if plan is None:
         return None
-    bound = config.summary_output_bound(evaluation.threshold)
+    pinned = carry_pinned(plan, context.messages)
+    if not (plan.to_summarize or plan.previous_summary):
+        return None
+    least = config.summary_output_bound(evaluation.threshold)
     kept = _kept_parts(evaluation, plan)
     beyond = max(evaluation.usage.offset, 0) if evaluation.usage is not None else 0
-    summary_room = bound + SUMMARY_FRAMING_TOKENS
     target = config.target_tokens(evaluation.threshold)
-    budget = (
-        1 << 62
+    # What the target leaves once what is kept is counted: the carried messages fit in it
+    # beside a summary of at least ``least`` tokens.
+    room = (
+        None
         if target is None
-        else target - kept.system - kept.native_compaction - kept.protected - beyond - summary_room
+        else target - kept.system - kept.native_compaction - kept.protected - beyond
     )
+    scale = _summary_scale(context)
+    least_room = math.ceil(least * scale) + SUMMARY_FRAMING_TOKENS
+    budget = 1 << 62 if room is None else room - least_room
     order = {m.id: i for i, m in enumerate(context.messages)}
     fit_carried(plan, budget, count, order)
     if formats.opens_with_user(context.parsed.snapshot.format):
         lead_with_user(plan, context.messages, budget, count, order)
     carried = sum(count(m) for m in plan.carried)
+    pins = sum(count(m) for m in plan.carried if m.id in pinned)
+    bound = _summary_bound(config, least, room, carried, scale)
+    summary_room = math.ceil(bound * scale) + SUMMARY_FRAMING_TOKENS
     parts = {
         "system": kept.system,
         "native_compaction": kept.native_compaction,
-        "carried": carried,
+        "pinned": pins,
+        "carried": carried - pins,
         "protected": kept.protected,
         "beyond": beyond,
         "summary": summary_room,
@@ -107,21 +122,61 @@ def plan_compaction(context: SnapshotContext, evaluation: Evaluation) -> Planned
         floor=floor,
         summary_bound=bound,
         tokens_before=before,
-        required_gain=_required_gain(config, evaluation.threshold, before, floor),
+        required_gain=_required_gain(config, evaluation, before, floor),
     )
 
 
-def _required_gain(
-    config: CompactionConfig, threshold: int | None, before: int, floor: Floor
+# A summary's bound is in the summarizer's tokens (tiktoken's); a request of a model whose
+# tokenizer tiktoken does not know is counted by the calibrated estimate, which makes a
+# summary's text up to this many times as many tokens (measured on the corpus's digests: 1.12).
+ESTIMATED_SUMMARY_SCALE = 1.15
+
+
+def _summary_scale(context: SnapshotContext) -> float:
+    """What a summary token costs in the request's count."""
+    return 1.0 if counted_by(context.tokenizer) == "tiktoken" else ESTIMATED_SUMMARY_SCALE
+
+
+def _summary_bound(
+    config: CompactionConfig, least: int, room: int | None, carried: int, scale: float
 ) -> int:
-    """The minimum gain; and when what cannot be compacted is itself over the threshold (no
-    compaction can reach the target), at least the gain of one that would have: the room
-    between the target and the threshold. The hysteresis: a floor over the threshold waits
-    for the history to grow by that much before it is compacted again."""
+    """The summary's bound: ``summary_max_output_tokens`` when it was set; else whatever the
+    target leaves once the carried messages are in (``room`` and ``carried`` in the request's
+    count; a summary token costs ``scale`` of them), at least ``least`` (the derived bound) and
+    at most ``summary_max_output_tokens``: the more a summary may say, the more of the story it
+    keeps, and the target is still where the compaction lands."""
+    if room is None or "summary_max_output_tokens" in config.model_fields_set:
+        return least
+    left = room - carried - SUMMARY_FRAMING_TOKENS
+    return max(least, min(int(left / scale), config.summary_max_output_tokens))
+
+
+def _required_gain(
+    config: CompactionConfig, evaluation: Evaluation, before: int, floor: Floor
+) -> int:
+    """The gain a compaction must make (docs/configuration.md, "When a compaction pays"):
+
+    - at least the minimum gain, always;
+    - when what it would leave (``floor``) fits the target, enough to land there;
+    - when it does not (the target cannot be reached now), as much as a compaction from the
+      threshold to the target would remove: the hysteresis, so that the next compaction waits
+      until the history has grown by that much again, instead of coming on the next turn;
+    - near the model's window (``cost_ceiling_percent`` of it, when the window is known), the
+      minimum gain alone: the request must not overflow."""
     gain = config.min_gain_tokens(before)
+    threshold = evaluation.threshold
     target = config.target_tokens(threshold)
-    if threshold is None or target is None or floor.total - floor.summary <= threshold:
+    if threshold is None or target is None:
         return gain
+    window = evaluation.context_window
+    if window is not None and before >= ceiling_tokens(threshold, window, config):
+        return gain
+    if floor.total <= target:
+        return max(gain, before - target)
+    if floor.total - floor.protected <= target:
+        # Only the newest exchange keeps the compaction from its target: it is compactable
+        # from the next turn on, so wait for it unless a whole threshold's worth goes now.
+        return max(gain, threshold)
     return max(gain, threshold - target)
 
 

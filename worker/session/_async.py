@@ -60,8 +60,11 @@ class AsyncCompactingSession(_LoopSteps):
         """Start the background tasks now (the first call of any coroutine does it too)."""
         self._start()
 
-    async def extend(self, new_messages: Iterable[dict[str, Any]]) -> None:
-        self._post(self._append(new_messages))
+    async def extend(self, new_messages: Iterable[dict[str, Any]], *, pin: bool = False) -> None:
+        self._post(self._append(new_messages, pin))
+
+    def pin(self, *messages: str | dict[str, Any]) -> None:
+        self._pin(messages)
 
     async def replace_messages(self, messages: Iterable[dict[str, Any]]) -> None:
         self._post(self._replace(messages))

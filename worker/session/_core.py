@@ -21,12 +21,13 @@ from typing import Any
 
 from worker.client import Client
 from worker.errors import CompactorError, EventMismatch
+from worker.wire import formats
 from worker.wire.events import CompactionEvent, CompletedEvent, RevertedEvent
 
 from . import _state
 from ._follower import FollowerState
 from ._history import Applied, Cursor, History, replaced_range
-from ._messages import own
+from ._messages import own, pinned_key
 from ._projection import Projection
 from ._recall import RECALL_USAGE, Transcripts, recall_id, recall_miss
 from ._sender import SenderState
@@ -57,6 +58,7 @@ class _Core(SetupView):
         self._transcripts = Transcripts(client)
         self._sender = SenderState()
         self._follower = FollowerState()
+        self._pins: set[str] = set()  # what the pinned messages say (pinned_key), not their ids
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -102,12 +104,39 @@ class _Core(SetupView):
 
     # --- changing the history -----------------------------------------------------------------
 
-    def _append(self, new_messages: Iterable[dict[str, Any]]) -> Mail:
-        """Append copies of the messages; the (turn, messages) to snapshot."""
+    def _append(self, new_messages: Iterable[dict[str, Any]], pin: bool = False) -> Mail:
+        """Append copies of the messages (pinned too, with ``pin``); the (turn, messages) to
+        snapshot."""
         copies = [own(m) for m in new_messages]
         with self._lock:
             self._history.extend(copies)
+            if pin:
+                self._pins.update(pinned_key(m) for m in copies)
             return self._changed()
+
+    def _pin(self, messages: tuple[str | dict[str, Any], ...]) -> None:
+        """Pin messages given by id (own or derived, in the current history) or as they are;
+        KeyError for an id no message of the history has."""
+        with self._lock:
+            current = self._history.messages
+            by_id = dict(zip(formats.source_ids(current), current, strict=True))
+            for m in messages:
+                if isinstance(m, str):
+                    if m not in by_id:
+                        raise KeyError(f"no message of the history has the id {m!r}")
+                    m = by_id[m]
+                self._pins.add(pinned_key(m))
+
+    def _pinned_ids(self, messages: Iterable[dict[str, Any]]) -> list[str]:
+        """The ids the pinned messages have among ``messages`` (a derived id changes as
+        compactions move a message; what it says does not)."""
+        with self._lock:
+            pins = set(self._pins)
+        if not pins:
+            return []
+        listed = list(messages)
+        ids = formats.source_ids(listed)
+        return [mid for mid, m in zip(ids, listed, strict=True) if pinned_key(m) in pins]
 
     def _replace(self, messages: Iterable[dict[str, Any]]) -> Mail:
         copies = [own(m) for m in messages]
@@ -241,9 +270,9 @@ class _Core(SetupView):
     def state(self) -> dict[str, Any]:
         """A JSON-able dict to carry the session into another process (``from_state``)."""
         with self._lock:
-            return _state.dump(self.setup, self._history, self._sender, self._cursor)
+            return _state.dump(self.setup, self._history, self._sender, self._cursor, self._pins)
 
     def _restore_state(self, state: Mapping[str, Any]) -> bool:
         """Take over the counters of a saved session; True when it had unsent turns."""
         with self._lock:
-            return _state.load(state, self._history, self._sender, self._cursor)
+            return _state.load(state, self._history, self._sender, self._cursor, self._pins)

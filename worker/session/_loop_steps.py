@@ -38,7 +38,11 @@ class _LoopSteps(_Core):
             return Job(turn, self._sender.next_revision(), messages)
 
     def _snapshot(self, job: Job) -> dict[str, Any]:
-        return self.setup.snapshot(job.revision, job.messages)
+        snapshot = self.setup.snapshot(job.revision, job.messages)
+        pinned = self._pinned_ids(job.messages)
+        if pinned:
+            snapshot["pinned"] = pinned
+        return snapshot
 
     def _submitted(self, job: Job, result: SubmitResult) -> Job | None:
         """Record a submit's result; the job to send again when it was superseded (with a

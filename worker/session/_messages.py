@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
+
+from worker.wire.models import canonical_json
 
 
 def own(message: dict[str, Any]) -> dict[str, Any]:
@@ -28,3 +31,10 @@ def tool_refs(message: dict[str, Any], *, results: bool) -> list[str]:
                 refs.append(call["id"])
         refs += [str(b.get("id")) for b in blocks if b.get("type") == "tool_use"]
     return refs
+
+
+def pinned_key(message: dict[str, Any]) -> str:
+    """What a pinned message is known by across compactions: the SHA-256 of what it says
+    (its canonical JSON without ``id``); a compaction carries it word for word."""
+    said = canonical_json({k: v for k, v in message.items() if k != "id"})
+    return hashlib.sha256(said.encode("utf-8", "surrogatepass")).hexdigest()

@@ -103,6 +103,7 @@ def recall_miss(message_id: str, gone: list[CompletedEvent]) -> str:
         )
     return f"no compacted message has id {message_id!r}"
 
+
 _DESCRIPTION = (
     "Fetch the full original of a message that was compacted into a "
     "'[compaction-worker summary]': give its message id or a tool call id. Returns "

@@ -14,7 +14,9 @@ from ._setup import Setup
 STATE_VERSION = 1
 
 
-def dump(setup: Setup, history: History, sender: SenderState, cursor: Cursor) -> dict[str, Any]:
+def dump(
+    setup: Setup, history: History, sender: SenderState, cursor: Cursor, pins: set[str]
+) -> dict[str, Any]:
     return {
         "version": STATE_VERSION,
         "conversation_id": setup.conversation_id,
@@ -34,6 +36,7 @@ def dump(setup: Setup, history: History, sender: SenderState, cursor: Cursor) ->
             for a in history.applied
         ],
         "seen": sorted(cursor.seen),
+        "pinned": sorted(pins),
     }
 
 
@@ -52,8 +55,15 @@ def arguments_of(state: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def load(state: Mapping[str, Any], history: History, sender: SenderState, cursor: Cursor) -> bool:
-    """Take over the counters of a saved session; True when it had unsent turns."""
+def load(
+    state: Mapping[str, Any],
+    history: History,
+    sender: SenderState,
+    cursor: Cursor,
+    pins: set[str],
+) -> bool:
+    """Take over the counters (and pins) of a saved session; True when it had unsent turns."""
+    pins.update(str(key) for key in state.get("pinned", ()))
     sender.revision = int(state["revision"])
     cursor.floor = state["floor"]
     cursor.last_event_id = str(state["last_event_id"])

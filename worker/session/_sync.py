@@ -56,9 +56,16 @@ class CompactingSession(_LoopSteps):
         arguments = arguments_of(state) | options
         return cls(state["conversation_id"], client=client, _state=state, **arguments)
 
-    def extend(self, new_messages: Iterable[dict[str, Any]]) -> None:
-        """Append messages (copied) and submit a snapshot in the background; returns at once."""
-        self._post(self._append(new_messages))
+    def extend(self, new_messages: Iterable[dict[str, Any]], *, pin: bool = False) -> None:
+        """Append messages (copied) and submit a snapshot in the background; returns at once.
+        ``pin``: carry these messages word for word through every compaction (``pin``)."""
+        self._post(self._append(new_messages, pin))
+
+    def pin(self, *messages: str | dict[str, Any]) -> None:
+        """Pin messages of the history, given by id (their own or their derived id) or as
+        they are: every compaction carries them word for word, and never summarizes them
+        (docs/session.md, "Pins"). KeyError for an id no message of the history has."""
+        self._pin(messages)
 
     def replace_messages(self, messages: Iterable[dict[str, Any]]) -> None:
         """Replace the whole history (an edit of the agent's own) and submit it. Compactions

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -55,7 +55,10 @@ class Message(_Frozen):
     newest one, so every message before it is ``superseded``: not counted, never compacted or
     summarized again (the transcript still keeps it). ``unknown_types``: the block or item types
     of this wire message that the format does not know, carried as they came, never read into
-    the text, counted by an estimate (an ``opaque`` attachment each)."""
+    the text, counted by an estimate (an ``opaque`` attachment each).
+
+    ``pinned``: carried word for word through every compaction (the snapshot's ``pinned``
+    names its wire message), never summarized (docs/snapshot.md, "Pins")."""
 
     id: str
     role: Role
@@ -70,6 +73,7 @@ class Message(_Frozen):
     native_compaction: bool = False
     superseded: bool = False
     unknown_types: tuple[str, ...] = ()
+    pinned: bool = False
 
     @property
     def attachment_tokens(self) -> int:
@@ -122,6 +126,10 @@ class Snapshot(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     tools: dict[str, Any] = Field(default_factory=dict)
     usage: Usage | None = None
+    # Ids of messages carried word for word through every compaction (docs/snapshot.md, "Pins").
+    pinned: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list, max_length=10_000
+    )
 
 
 def canonical_json(value: Any, *, finite: bool = False) -> str:

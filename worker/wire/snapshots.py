@@ -261,6 +261,7 @@ def parse_snapshot(
         prior=prior,
         media=media_rules(snapshot.format, effective.compaction),
     )
+    messages = _pinned(messages, ids, snapshot.pinned)
     parsed = ParsedSnapshot(
         snapshot=snapshot,
         messages=messages,
@@ -272,6 +273,27 @@ def parse_snapshot(
     if message_json is not None:
         object.__setattr__(parsed, "_message_json", message_json)  # as ``message_json`` does
     return parsed
+
+
+def _pinned(messages: list[Message], ids: list[str], pinned: list[str]) -> list[Message]:
+    """``messages`` with those of the pinned wire messages marked (and no other); each pinned
+    id must be a message's (``pinned[k]`` names the one that is not). Only messages whose mark
+    changes are copied."""
+    wanted: set[int] = set()
+    if pinned:
+        where = {mid: index for index, mid in enumerate(ids)}
+        for k, mid in enumerate(pinned):
+            if mid not in where:
+                raise InvalidSnapshot(f"pinned[{k}]", f"no message has the id {mid!r}")
+            wanted.add(where[mid])
+    out = messages
+    for i, m in enumerate(messages):
+        mark = m.source_index in wanted
+        if m.pinned != mark:
+            if out is messages:
+                out = list(messages)
+            out[i] = m.model_copy(update={"pinned": mark})
+    return out
 
 
 def media_rules(fmt: WireFormat, config: CompactionConfig) -> MediaRules:
