@@ -265,6 +265,29 @@ def test_cli_compact_now_waits_for_the_outcome(
     assert_requested(event, asked["request_id"], instructions)
     assert instructions not in result.stdout
     assert requests_with(llm, instructions)
+    assert event["compaction"]["summary"]["instructions_note"] is None  # an LLM followed them
+    assert "instructions_not_followed" not in result.stderr
+    # the offline digest cannot: the event and the command say so
+    other = conversation("cli-2", 12)
+    client.submit(other)
+    client.wait_for("cli-2", revision=other["revision"], timeout_s=SETTLE_S)
+    digest = run_cli(
+        "compact-now",
+        "cli-2",
+        "--instructions",
+        instructions,
+        "--config-json",
+        '{"mode": "local_only"}',
+        "--wait",
+        str(SETTLE_S),
+        env=stack.workers.env(),
+    )
+    assert digest.code == 0, digest.stderr
+    _, done = (json.loads(line) for line in digest.stdout.splitlines())
+    assert done["type"] == "compaction.completed", done
+    assert "cannot follow instructions" in done["compaction"]["summary"]["instructions_note"]
+    warning = json.loads(digest.stderr.splitlines()[-1])
+    assert warning["warning"] == "instructions_not_followed"
     # a bad argument: exit 2 with the field named, nothing asked
     bad = run_cli("compact-now", "cli-1", "--config-json", "[", env=stack.workers.env())
     assert bad.code == 2 and json.loads(bad.stderr.splitlines()[-1])["field"] == "config"

@@ -39,6 +39,7 @@ def cmd_compact_now(args: argparse.Namespace) -> int:
     its outcome event too (exit 1 if it failed)."""
     from worker.client import Client
     from worker.errors import CompactorError, InvalidRequest
+    from worker.wire.events import CompletedEvent
 
     settings = settings_of(args)
     say_start_if_asked("compact-now", settings, args)
@@ -77,6 +78,11 @@ def cmd_compact_now(args: argparse.Namespace) -> int:
         except TimeoutError as exc:  # asked, not answered yet: its event comes later
             raise CompactorError(str(exc), code="timeout") from None
         print(event.to_json(), flush=True)
+        done = event if isinstance(event, CompletedEvent) else None
+        note = done.compaction.summary.instructions_note if done is not None else None
+        if note:  # said where a person reads it, not only inside the event
+            print(json.dumps({"warning": "instructions_not_followed", "message": note}),
+                  file=sys.stderr, flush=True)  # fmt: skip
         return 1 if event.type in ("compaction.failed", "compaction.rejected") else 0
     finally:
         client.close()

@@ -165,6 +165,7 @@ class DigestSummarizer:
             tokens=tokens,
             source="digest",
             truncated=truncated,
+            instructions_note=INSTRUCTIONS_NOTE if request.instructions else None,
             # In the request's ids; the sections a cut removed are left out when published.
             sections=[
                 SummarySection(title=s.title, source_ids=s.sources) for s in present if s.body
@@ -822,6 +823,15 @@ _FOCUS_STOPWORDS = frozenset(
 _FOCUS_WORD = re.compile(r"[\w./:-]{4,}")
 MAX_FOCUS_LINES = 12
 FOCUS_LINE_CHARS = 200
+
+
+# What the digest does with a requested compaction's instructions: it cannot follow them as an
+# LLM would, and says so in the event (Summary.instructions_note).
+INSTRUCTIONS_NOTE = (
+    "the offline digest cannot follow instructions: it wrote its usual sections, and under "
+    f"'{FOCUS}' the lines of the range that hold the instructions' words; configure an LLM "
+    "(mode prefer_remote or remote_only) to have them followed"
+)
 
 
 def _focus(request: SummaryRequest) -> tuple[str, list[str]]:

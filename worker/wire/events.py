@@ -140,6 +140,10 @@ class Summary(_Published):
     edited: bool = False
     usage: LLMUsage | None = None  # an LLM summary's calls as the server counted them
     model: str | None = None  # the LLM that wrote it ([llm] model or a fallback model)
+    # A requested compaction's instructions that this summary could not follow as an LLM
+    # would (the offline digest): what it did with them instead. None: no instructions, or an
+    # LLM followed them.
+    instructions_note: str | None = None
 
 
 DroppedKind = Literal[
