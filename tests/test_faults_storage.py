@@ -43,6 +43,7 @@ from fault_support import (
 )
 from service_support import REPO_ROOT
 
+from worker.config import Settings
 from worker.errors import StorageError, TranscriptConflict
 from worker.transcripts import filesystem, key_of_uri, open_store
 from worker.transcripts.filesystem import FileStore
@@ -365,8 +366,16 @@ def test_concurrent_prunes_remove_exactly_what_retention_removes(tmp_path: Path)
     )
     total = sum(t.bytes for t in store.stored() if t.uri not in set(after_count))
     limit = int(total * 0.7)
+    # What undoing each conversation's newest compaction needs stays (as the prune keeps it)
+    undo = Settings().redis.stream_ttl_s
     doomed = set(
-        store.prune(keep_per_conversation=keep, max_age_s=None, max_total_bytes=limit, dry_run=True)
+        store.prune(
+            keep_per_conversation=keep,
+            max_age_s=None,
+            max_total_bytes=limit,
+            dry_run=True,
+            undo_window_s=undo,
+        )
     )
     everything = {t.uri for t in store.stored()}
     assert after_count and len(doomed) > len(after_count)  # both limits bite

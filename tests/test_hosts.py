@@ -229,8 +229,13 @@ def test_the_prune_on_b_enforces_retention_for_what_a_wrote(
     assert len(written) == 2
     logs = site.host_dir("b") / "scheduler.log"
     with logs.open("ab") as log:
-        # beat and a maintenance-only worker on b, pruning every second
-        every_second = {"COMPACTOR_WORKER_PRUNE_INTERVAL_S": "1"}
+        # beat and a maintenance-only worker on b, pruning every second; a conversation's newest
+        # transcript is kept while its compaction can still be undone (stream_ttl_s, here the
+        # least, a minute): then it goes too
+        every_second = {
+            "COMPACTOR_WORKER_PRUNE_INTERVAL_S": "1",
+            "COMPACTOR_REDIS_STREAM_TTL_S": "60",
+        }
         commands = [
             celery_command("beat", None, workdir=site.host_dir("b")),
             celery_command(
@@ -242,7 +247,7 @@ def test_the_prune_on_b_enforces_retention_for_what_a_wrote(
             for argv in commands
         ]
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 240
             while time.monotonic() < deadline and site.objects():
                 time.sleep(0.5)
         finally:

@@ -158,9 +158,16 @@ def _required_gain(
 
     - at least the minimum gain, always;
     - when what it would leave (``floor``) fits the target, enough to land there;
-    - when it does not (the target cannot be reached now), as much as a compaction from the
-      threshold to the target would remove: the hysteresis, so that the next compaction waits
-      until the history has grown by that much again, instead of coming on the next turn;
+    - when only an exceptionally large newest exchange (over the room between target and
+      threshold) keeps it from the target, a whole threshold's worth: it waits a turn for that
+      exchange to become compactable, instead of compacting now and again next turn;
+    - when the floor lands it over the target but at least half that room under the threshold,
+      the minimum gain;
+    - when the floor lands it nearer the threshold, the room between target and threshold: the
+      hysteresis, so that the history grows by that much between two such compactions instead
+      of being compacted on every turn;
+    - when what can never be compacted is itself over the threshold (a system prompt larger
+      than it), a whole threshold's worth: compacted a threshold at a time;
     - near the model's window (``cost_ceiling_percent`` of it, when the window is known), the
       minimum gain alone: the request must not overflow."""
     gain = config.min_gain_tokens(before)
@@ -173,11 +180,19 @@ def _required_gain(
         return gain
     if floor.total <= target:
         return max(gain, before - target)
-    if floor.total - floor.protected <= target:
-        # Only the newest exchange keeps the compaction from its target: it is compactable
-        # from the next turn on, so wait for it unless a whole threshold's worth goes now.
+    room = threshold - target
+    if floor.protected > room and floor.total - floor.protected <= target:
+        # Only an exceptionally large newest exchange keeps the compaction from its target: it
+        # is compactable from the next turn on, so wait for it unless a whole threshold's worth
+        # goes now (compacting now would compact again on the next turn).
         return max(gain, threshold)
-    return max(gain, threshold - target)
+    if floor.total - floor.summary > threshold:
+        # What can never be compacted is itself over the threshold: compact a threshold's
+        # worth at a time (the threshold is what the conversation may hold besides it).
+        return max(gain, threshold)
+    if floor.total <= threshold - room // 2:
+        return gain  # over its target, but with room for the turns that follow
+    return max(gain, room)
 
 
 def prepare(
