@@ -67,7 +67,7 @@ def test_the_pace_of_submits_reaches_the_cost_and_the_counters_add_up_per_tenant
     pace = svc.state.client.hgetall(keys.activity(conv))
     assert int(pace[b"n"]) == 3 and float(pace[b"t"]) > float(pace[b"f"])
     assert svc.state.client.ttl(keys.activity(conv)) > 0
-    assert svc.state.client.zscore(keys.IDLE, conv) == float(pace[b"t"])
+    assert svc.state.client.zscore(keys.idle_conversations("acme"), conv) == float(pace[b"t"])
     event = compact(svc, conversation(conv, 12, window=2000))
     cost = event.cost
     assert cost is not None and cost.priced and cost.turn_interval_s is not None

@@ -110,10 +110,12 @@ def test_every_key_is_documented() -> None:
             "webhooks": ("<tenant>",),
             "tenant_conversations": ("<tenant>",),
             "ui_session": ("<digest>",),
+            "idle_conversations": ("<tenant>",),
+            "idle_busy": ("<tenant>",),
         }
         key = getattr(keys, name)(*args.get(name, ("<conv>",)))
         assert f"| `{key}` |" in text, key
-    for key in (keys.RECENT, keys.PENDING, keys.METRICS):
+    for key in (keys.RECENT, keys.PENDING, keys.METRICS, keys.IDLE_TENANTS):
         assert f"| `{key}` |" in text, key
 
 

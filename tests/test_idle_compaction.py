@@ -15,6 +15,7 @@ from typing import Any
 from service_support import client_for, conversation, wait_for_outcome
 
 from worker.backend import keys
+from worker.backend.redis_state import NO_TENANT
 from worker.client import Client
 from worker.runtime.supervisor import celery_command
 from worker.wire.events import CompletedEvent
@@ -23,9 +24,9 @@ IDLE_S = 3.0
 WAIT_S = 90.0  # bounds a wait on a loaded machine; nothing is asserted about it
 
 
-def start_beat(workers: Any, root: Path) -> None:
-    """The real scheduler, scanning for idle conversations every half second."""
-    env = workers.env() | {"COMPACTOR_WORKER_IDLE_SCAN_INTERVAL_S": "0.5"}
+def start_beat(workers: Any, root: Path, *, interval_s: float = 0.5) -> None:
+    """The real scheduler, scanning for idle conversations every ``interval_s``."""
+    env = workers.env() | {"COMPACTOR_WORKER_IDLE_SCAN_INTERVAL_S": str(interval_s)}
     with (workers.logs / "beat.log").open("ab") as out:
         workers.procs["beat"] = subprocess.Popen(
             celery_command("beat", None, workdir=root),
@@ -102,4 +103,4 @@ def test_an_idle_conversation_is_compacted_after_the_idle_time_and_not_before(
     time.sleep(IDLE_S)
     assert len(completed_events(client, active)) == 1
     assert completed_events(client, small) == []
-    assert client.state.client.zscore(keys.IDLE, active) is None
+    assert client.state.client.zscore(keys.idle_conversations(NO_TENANT), active) is None

@@ -35,15 +35,16 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:ui:session:{digest}`` | string (JSON) | the inspector's login | 8 hours, or logout |
 | ``cw:recent`` | stream (all conversations) | publish (after the script) | MAXLEN 1000 |
 | ``cw:pending`` | zset conv -> submit time (*) | submit, publish, reconcile | until handled |
-| ``cw:idle`` | zset conv -> submit time | submit, idle scan | newest 100,000 (**) |
+| ``cw:{.idle}:tenants`` | zset tenant -> when due | submit, idle scan | (**) |
+| ``cw:{.idle}:conversations:<tenant>`` | zset conv -> submit time | submit, idle scan | (**) |
+| ``cw:{.idle}:busy:<tenant>`` | zset conv -> hand-out time | idle scan, idle compaction | (**) |
 | ``cw:metrics`` | hash of counters and histogram buckets | everyone | none (a fixed set) |
 
-**The global keys** (``cw:recent``, ``cw:pending``, ``cw:idle``, ``cw:metrics``, and the per-tenant
-``cw:tenant:{tenant}:conversations``, whose member is the internal id ``tenant:conv``) each live
-in some
-slot of their own, so no script or transaction that touches a conversation touches them: they
-are written by separate single-key commands, ordered so that a crash between two of them
-leaves nothing lost, only work the reconciler does once more:
+**The global keys** (``cw:recent``, ``cw:pending``, ``cw:metrics``, the idle index, and the
+per-tenant ``cw:tenant:{tenant}:conversations``, whose member is the internal id ``tenant:conv``)
+each live in some slot of their own, so no script or transaction that touches a conversation
+touches them: they are written by separate commands, ordered so that a crash between two of
+them leaves nothing lost, only work the reconciler does once more:
 
 - submit: ``ZADD NX cw:pending`` *before* the submit script (a crash after it leaves an entry
   that the reconciler settles) and again *after* it (so that a publish that removed the entry
@@ -58,8 +59,23 @@ leaves nothing lost, only work the reconciler does once more:
   script said ``published``. A worker killed in between (microseconds) leaves the event in its
   conversation's stream but not in ``cw:recent`` (so no webhook) and its counters uncounted.
 
-(**) The idle scan takes out what it hands to an idle compaction, and drops entries older than
-``snapshot_ttl_s`` (their snapshot is gone); a submission puts a conversation back.
+(**) **The idle index** is one index per tenant (``<tenant>``: the id's part before its first
+``:``, ``-`` for an id without one), so that one tenant's backlog holds up no other tenant.
+Its keys share the hash tag ``.idle``, which no conversation id can be (none starts with a dot):
+one slot, so the scan's script reads the tenant list and the tenants' indexes together and
+takes atomically. A submission adds the conversation to its tenant's index (trimmed to the
+newest 100,000, expiring ``snapshot_ttl_s`` after the tenant's last submission), then drops
+from ``cw:{.idle}:tenants`` the tenants scored more than ``snapshot_ttl_s`` ago (only a list
+that no scan reads gets that old) and adds its tenant (``ZADD LT``). A tenant's score is at
+most the time of its oldest entry, or, after a scan that left it entries already due, just
+under that scan's cut-off: behind the tenants due longer. The scan takes out what it hands to
+an idle compaction, drops entries older than ``snapshot_ttl_s`` (their snapshot is gone) and a
+tenant whose index it emptied; a submission puts a conversation back. A tenant's ``busy`` set
+holds what was handed out and has not ended (at most
+:data:`worker.backend.redis_state.IDLE_PER_TENANT`): an idle compaction removes its own entry
+when it ends, and the scan forgets one older than a lost task could be (the broker's
+visibility timeout plus the summarize time limit, 25 minutes by default; the key expires then
+too).
 
 (*) The reconciler moves a score it acts on: to now when it re-queues the conversation, and for a
 conversation whose lock lease is alive to the time at which that lease would lapse (minus
@@ -76,7 +92,7 @@ elided event keeps ``stream_ttl_s``.
 from __future__ import annotations
 
 __all__ = [
-    "IDLE",
+    "IDLE_TENANTS",
     "LAYOUT",
     "METRICS",
     "PENDING",
@@ -89,6 +105,8 @@ __all__ = [
     "events",
     "fence",
     "handled",
+    "idle_busy",
+    "idle_conversations",
     "last_compaction",
     "latest",
     "lock",
@@ -202,8 +220,22 @@ def webhooks(tenant: str) -> str:
 RECENT = f"{PREFIX}recent"
 PENDING = f"{PREFIX}pending"
 METRICS = f"{PREFIX}metrics"
-# Conversations by the time of their newest snapshot: what the idle compaction scans.
-IDLE = f"{PREFIX}idle"
+# The idle index (see (**) above): every key of it in the slot of the hash tag ``.idle``.
+_IDLE = f"{PREFIX}{{.idle}}:"
+# Tenants whose idle index holds a conversation, by when the scan should look at them next.
+IDLE_TENANTS = f"{_IDLE}tenants"
+
+
+def idle_conversations(tenant: str) -> str:
+    """A tenant's conversations by the time of their newest snapshot: what the idle scan
+    takes from, oldest first."""
+    return f"{_IDLE}conversations:{tenant}"
+
+
+def idle_busy(tenant: str) -> str:
+    """A tenant's conversations handed to an idle compaction that has not ended yet, by when
+    they were handed out: what bounds the tenant's share of the workers."""
+    return f"{_IDLE}busy:{tenant}"
 
 
 def tenant_conversations(tenant: str) -> str:

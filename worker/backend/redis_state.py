@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 import zlib
@@ -66,7 +67,13 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 RECENT_MAXLEN = 1000
-IDLE_INDEX_MAX = 100_000  # conversations kept in cw:idle (the newest by submit time)
+IDLE_INDEX_MAX = 100_000  # conversations kept in a tenant's idle index (the newest by submit)
+# Idle compactions one tenant may have handed out and not finished: what one idle scan hands a
+# tenant at most, and so what another tenant's idle compaction can find queued ahead of it.
+IDLE_PER_TENANT = 100
+IDLE_SCAN_TENANTS = 1_000  # tenants one idle scan looks at, those waiting longest first
+_IDLE_TENANTS_PER_CALL = 100  # tenants per call of the take script: each call blocks Redis
+NO_TENANT = "-"  # the idle index's tenant of an id without a tenant prefix
 TENANT_INDEX_MAX = 10_000  # conversations kept in a tenant's index (the newest by activity)
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
 
@@ -557,6 +564,48 @@ end
 return 0
 """
 
+# The idle scan's take, for each tenant given (KEYS: cw:{.idle}:tenants, then each tenant's
+# index and busy set; ARGV: idle_since, expired_before, busy_since, per_tenant, now, busy_ttl_s,
+# how many tenants this scan looks at from the first one given on, the tenants). A tenant may
+# have per_tenant conversations handed out at once: as many of its oldest due ones as it has
+# room for move from its index to its busy set. Its place in the tenant list becomes its oldest
+# entry's time or, while it still has due entries, idle_since less a microsecond per tenant
+# looked at after it: due at the next scan, but behind every tenant due longer and in the order
+# of this scan, so the tenants take turns. Scores go back as strings of 17 digits (a Lua number
+# is written with 14). Replies each tenant's taken ids.
+_TAKE_IDLE = """
+local since = tonumber(ARGV[1])
+local out = {}
+for i = 1, (#KEYS - 1) / 2 do
+  local index, busy, tenant = KEYS[2 * i], KEYS[2 * i + 1], ARGV[7 + i]
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', ARGV[2])
+  redis.call('ZREMRANGEBYSCORE', busy, '-inf', ARGV[3])
+  local room = tonumber(ARGV[4]) - redis.call('ZCARD', busy)
+  local taken = {}
+  if room > 0 then
+    taken = redis.call('ZRANGEBYSCORE', index, '-inf', ARGV[1], 'LIMIT', 0, room)
+  end
+  if #taken > 0 then
+    local scored = {}
+    for k, conv in ipairs(taken) do scored[2 * k - 1], scored[2 * k] = ARGV[5], conv end
+    redis.call('ZREM', index, unpack(taken))
+    redis.call('ZADD', busy, unpack(scored))
+    redis.call('EXPIRE', busy, ARGV[6])
+  end
+  local first = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    redis.call('ZREM', KEYS[1], tenant)
+  elseif tonumber(first[2]) <= since then
+    local behind = since - (tonumber(ARGV[7]) - i) * 1e-6
+    redis.call('ZADD', KEYS[1], string.format('%.17g', behind), tenant)
+  else
+    redis.call('ZADD', KEYS[1], first[2], tenant)
+  end
+  out[i] = taken
+end
+return out
+"""
+
 SubmitStatus = Literal["queued", "coalesced", "superseded"]
 PublishStatus = Literal["published", "duplicate"]
 # revert: done; not the newest completed compaction (or none); a worker holds the conversation
@@ -645,6 +694,7 @@ class RedisState:
         self._done_request = client.register_script(_DONE_REQUEST)
         self._approve = client.register_script(_APPROVE)
         self._decline = client.register_script(_DECLINE)
+        self._take_idle = client.register_script(_TAKE_IDLE)
 
     # --- snapshots ---------------------------------------------------------------------------
 
@@ -677,16 +727,30 @@ class RedisState:
 
     def _note_activity(self, pipe: Any, conversation_id: str, now: float) -> None:
         """Queue on ``pipe``: the conversation's pace (``cw:{conv}:activity``, for the cost
-        model) and its place in ``cw:idle`` (for idle compaction). Outside the submit script,
-        which programs in other languages run as documented: without these a conversation is
-        only priced as of unknown pace and never idle-compacted."""
+        model) and its place in the idle index (for idle compaction). Outside the submit
+        script, which programs in other languages run as documented: without these a
+        conversation is only priced as of unknown pace and never idle-compacted."""
         activity = keys.activity(conversation_id)
         pipe.hsetnx(activity, "f", now)
         pipe.hset(activity, "t", now)
         pipe.hincrby(activity, "n", 1)
         pipe.expire(activity, self.config.snapshot_ttl_s)
-        pipe.zadd(keys.IDLE, {conversation_id: now})
-        pipe.zremrangebyrank(keys.IDLE, 0, -IDLE_INDEX_MAX - 1)
+        self._note_idle(pipe, conversation_id, now)
+
+    def _note_idle(self, pipe: Any, conversation_id: str, now: float) -> None:
+        """Queue on ``pipe``: the conversation in its tenant's idle index, then the tenant in
+        the tenant list (keys.py). The index first: a scan in between finds the entry, or
+        finds the index empty before it and drops a tenant that this puts back."""
+        tenant = idle_tenant(conversation_id)
+        ttl = self.config.snapshot_ttl_s
+        index = keys.idle_conversations(tenant)
+        pipe.zadd(index, {conversation_id: now})
+        pipe.zremrangebyrank(index, 0, -IDLE_INDEX_MAX - 1)
+        pipe.expire(index, ttl)
+        # Tenants no scan has looked at for the snapshots' lifetime (none runs: idle compaction
+        # is off) are dropped, before this one is added: the list stays as long as a day's.
+        pipe.zremrangebyscore(keys.IDLE_TENANTS, "-inf", f"({now - ttl!r}")
+        pipe.zadd(keys.IDLE_TENANTS, {tenant: now}, lt=True)
 
     def unqueue(self, conversation_id: str, revision: int) -> bool:
         """Clear the queued flag that ``store_snapshot`` set for ``revision`` (its task could
@@ -1165,30 +1229,51 @@ class RedisState:
             )
         return [_text(m) for m in members]
 
-    def take_idle(self, idle_since: float, limit: int = 500) -> list[str]:
-        """The conversations whose newest snapshot came before ``idle_since`` (seconds since
-        the epoch), oldest first, at most ``limit``, taken out of ``cw:idle`` (a later
-        submission puts a conversation back); entries older than the snapshots' lifetime are
-        dropped first (their snapshot is gone)."""
-        expired = time.time() - self.config.snapshot_ttl_s
+    def take_idle(
+        self,
+        idle_since: float,
+        *,
+        busy_for_s: float,
+        per_tenant: int = IDLE_PER_TENANT,
+        tenants: int = IDLE_SCAN_TENANTS,
+    ) -> list[str]:
+        """The conversations to hand to an idle compaction now, taken out of the idle index (a
+        later submission puts one back): of the ``tenants`` tenants due longest, each one's
+        oldest whose newest snapshot came before ``idle_since`` (seconds since the epoch), as
+        many as keep its hand-outs not yet finished (:meth:`finish_idle`) at ``per_tenant``,
+        interleaved (every tenant's first, then every tenant's second, ...). A hand-out not
+        finished after ``busy_for_s`` is taken for lost; entries older than the snapshots'
+        lifetime are dropped (their snapshot is gone). Redis' work is bounded by ``tenants``
+        times ``per_tenant``, whatever the index holds."""
+        now = time.time()
+        args: list[str | int] = [
+            repr(idle_since),
+            repr(now - self.config.snapshot_ttl_s),  # expired: older entries are dropped
+            repr(now - busy_for_s),  # lost: older hand-outs are forgotten
+            per_tenant,
+            repr(now),
+            math.ceil(busy_for_s),
+        ]
         with redis_errors("reading idle conversations"):
-            self.client.zremrangebyscore(keys.IDLE, "-inf", expired)
-            found = self.client.zrangebyscore(keys.IDLE, "-inf", idle_since, start=0, num=limit)
-            if not found:
-                return []
-            # Only those still as old: a submission may have moved one meanwhile.
-            pipe = self.client.pipeline(transaction=False)
-            for member in found:
-                pipe.zscore(keys.IDLE, member)
-            scores = pipe.execute()
-            taken = [
-                _text(m)
-                for m, sc in zip(found, scores, strict=True)
-                if sc is not None and sc <= idle_since
-            ]
-            if taken:
-                self.client.zrem(keys.IDLE, *taken)
-        return taken
+            due = self.client.zrangebyscore(
+                keys.IDLE_TENANTS, "-inf", idle_since, start=0, num=tenants
+            )
+            names = [_text(t) for t in due]
+            taken: list[list[Any]] = []
+            for start in range(0, len(names), _IDLE_TENANTS_PER_CALL):
+                batch = names[start : start + _IDLE_TENANTS_PER_CALL]
+                idle_keys = [k for t in batch for k in _idle_keys(t)]
+                taken += self._take_idle(
+                    keys=[keys.IDLE_TENANTS, *idle_keys], args=[*args, len(names) - start, *batch]
+                )
+        return [_text(c) for c in _interleaved(taken)]
+
+    def finish_idle(self, conversation_id: str) -> None:
+        """The conversation's idle compaction ended (whatever its outcome): its tenant may have
+        another handed out."""
+        tenant = idle_tenant(conversation_id)
+        with redis_errors("finishing an idle compaction"):
+            self.client.zrem(keys.idle_busy(tenant), conversation_id)
 
     def settle_pending(self, conversation_id: str, revision: int | None) -> None:
         """Stop reconciling the conversation: its ``revision`` has a final outcome (or, with
@@ -1269,6 +1354,22 @@ def _activity(fields: list[Any]) -> Activity | None:
     if count is None or first is None or last is None:
         return None
     return Activity(snapshots=int(count), first_at=float(first), last_at=float(last))
+
+
+def idle_tenant(conversation_id: str) -> str:
+    """Whose turn a conversation's idle compaction takes: its tenant, or :data:`NO_TENANT`."""
+    return _tenant_of(conversation_id) or NO_TENANT
+
+
+def _idle_keys(tenant: str) -> tuple[str, str]:
+    """The tenant's idle index and busy set, as the take script's KEYS want them."""
+    return keys.idle_conversations(tenant), keys.idle_busy(tenant)
+
+
+def _interleaved(lists: Sequence[Sequence[_T]]) -> list[_T]:
+    """Every list's first item, then every list's second, ...: one turn each in order."""
+    longest = max((len(items) for items in lists), default=0)
+    return [items[k] for k in range(longest) for items in lists if k < len(items)]
 
 
 def _tenant_of(conversation_id: str) -> str | None:

@@ -27,7 +27,7 @@ from typing import Literal
 
 from worker.backend.redis_state import RedisState, RequestedWork, Work
 from worker.config import Settings
-from worker.errors import InvalidSnapshot, LeaseLost
+from worker.errors import InvalidSnapshot, LeaseLost, RedisUnavailable
 from worker.ops.metrics import cost_counters
 from worker.ops.tracing import AttributeValue, Stage, Telemetry
 from worker.pipeline import Pipeline, StoredBlob, Verdict
@@ -455,7 +455,12 @@ class Service:
         after_s = self.settings.compaction.idle_compact_after_s
         if after_s is None:
             return []
-        found = self.state.take_idle(time.time() - after_s)
+        # A hand-out whose compaction has not ended after this was lost (a task is back on its
+        # queue after the visibility timeout, and then runs for at most the time limit).
+        lost_after_s = (
+            self.settings.redis.visibility_timeout_s + self.settings.worker.summarize_time_limit_s
+        )
+        found = self.state.take_idle(time.time() - after_s, busy_for_s=lost_after_s)
         for conversation_id in found:
             if self.enqueue_idle is not None:
                 self.enqueue_idle(conversation_id)
@@ -477,6 +482,20 @@ class Service:
         )
 
     def _compact_idle(
+        self, conversation_id: str, stage: Stage, timings: dict[str, float]
+    ) -> Outcome:
+        try:
+            return self._compact_idle_claimed(conversation_id, stage, timings)
+        finally:
+            # The tenant's turn ends whatever the outcome: it may have another handed out. A
+            # Redis error here is left to the scan, which forgets the hand-out in time;
+            # raising it would run the whole task again.
+            try:
+                self.state.finish_idle(conversation_id)
+            except RedisUnavailable:
+                log.warning("could not end the idle compaction of %s", conversation_id)
+
+    def _compact_idle_claimed(
         self, conversation_id: str, stage: Stage, timings: dict[str, float]
     ) -> Outcome:
         lease_s = self.settings.redis.lock_lease_s
