@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test lint schemas bench clean lock
+.PHONY: demo test test-fast test-integration test-system lint schemas bench clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +34,28 @@ TEST_PROCS ?= 4
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_PROCS) --dist worksteal
 
+# The tiers, each test's derived from its fixtures (tests/support/tiers.py); `make test` runs all
+# three. The fast tier computes and waits on nothing, so one process per core is fastest; with
+# `-m fast` a test that starts a process or connects a socket fails. It runs over every folder:
+# a module of the integration tier may hold fast tests too.
+FAST_PROCS ?= 2
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n $(FAST_PROCS) -m fast
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist worksteal -m integration
+
+test-system: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist worksteal -m system
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check worker tests bench examples
 	$(VENV)/bin/mypy
 
+# docs/schemas from the models; docs/openapi.json copied from the package's (worker/api/).
 schemas: $(STAMP)
 	$(PY) -m worker.wire.schemas
+	$(PY) -m worker.api.spec
 
 clean:
 	rm -rf $(VENV) transcripts .pytest_cache .mypy_cache .ruff_cache

@@ -12,7 +12,7 @@ left out. Both runs use the same window and threshold.
 
     .venv/bin/python bench/cost_policy.py [--turns 60] [--interval-s 30] [--name NAME]
 
-The replay itself (:func:`replay`) also serves tests/test_prefix_stability.py.
+The replay itself (:func:`replay`) also serves tests/unit/test_prefix_stability.py.
 """
 
 from __future__ import annotations

@@ -45,8 +45,9 @@ from typing import Any
 
 import httpx
 
+from worker.backend.connection import connect
 from worker.backend.embedded import EmbeddedRedis
-from worker.backend.redis_state import RedisState, connect
+from worker.backend.redis_state import RedisState
 from worker.client import Client
 from worker.config import load_settings, with_redis_url
 from worker.wire.events import skipped_event

@@ -29,7 +29,8 @@ import httpx
 import redis
 from http_bench import KEY, TENANT, processes, raise_nofile
 
-from worker.backend.redis_state import RedisState, connect
+from worker.backend.connection import connect
+from worker.backend.redis_state import RedisState
 from worker.config import RedisConfig
 from worker.wire.events import skipped_event
 

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from fault_support import (  # noqa: E402
+from support.fault_support import (  # noqa: E402
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
     Cluster,
@@ -34,7 +34,7 @@ from fault_support import (  # noqa: E402
     tagged,
     wait_until,
 )
-from service_support import ensure_rabbitmq, rabbitmqctl  # noqa: E402
+from support.service_support import ensure_rabbitmq, rabbitmqctl  # noqa: E402
 
 from worker.config import RedisConfig, WorkerConfig  # noqa: E402
 from worker.runtime.supervisor import celery_command  # noqa: E402

@@ -37,7 +37,9 @@ on to use", repeats them with examples):
 "Code" is the text of commands' scripts (here-document bodies, ``python -c``, the script of
 ``sed``/``awk``/``perl``), fenced blocks and backticked spans of assistant text. In plain
 assistant prose only names of a distinctive shape count (underscore, CamelCase, dotted, file
-extension), never a plain word. ``echo``/``printf`` arguments are not read.
+extension), never a plain word. ``echo``/``printf`` arguments are not read. A string escape
+written out in a script (``\\n``, ``\\t``, ``\\r`` as two characters, as in ``python -c
+"print('\\nTesting')"``) separates words: its letter is no part of the next one.
 
 **Stop list** (never a fact): Python keywords and builtins, dunder names (``__init__``), the
 attributes of Python's built-in types, of ``unittest`` and of ``unittest.TestCase``
@@ -127,6 +129,9 @@ HEREDOC_RE = re.compile(
     r"<<-?\s*(['\"]?)([A-Za-z_]\w*)\1([^\n]*)\n(.*?)(?:\n[ \t]*\2[ \t]*(?=\n|$)|$)", re.S
 )
 DIFF_FILE_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.M)
+# A string escape as a script in a command holds it (two characters): ``print("\nTesting")``
+# names no ``nTesting``.
+ESCAPE_RE = re.compile(r"\\[ntr]")
 PATHISH_RE = re.compile(r"[\w.\-]*(?:/[\w.\-]+)+/?")
 SLASH_WORD_RE = re.compile(r"^/?(?:[\w.\-]+/)+[\w.\-]*$")
 GLOB_CHARS = set("*?[]{}$<>|;&'\"`=,()\\")
@@ -269,6 +274,7 @@ def dotted_fact(name: str) -> Fact | None:
 def names_in(text: str) -> Iterator[Fact]:
     """Facts of a distinctive shape anywhere in ``text`` (prose or code): file paths, dotted
     names, and identifiers with an underscore or capitals. Plain words are never taken here."""
+    text = ESCAPE_RE.sub(" ", text)
     for m in FILE_PATH_RE.finditer(text):
         fact = path_fact(m.group(0))
         if fact:

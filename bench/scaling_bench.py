@@ -478,7 +478,7 @@ def main() -> int:
     vhost = f"compactor-bench-{os.getpid()}"
     if "rabbitmq" in kinds:
         sys.path.insert(0, str(ROOT / "tests"))
-        from service_support import ensure_rabbitmq, rabbitmqctl
+        from support.service_support import ensure_rabbitmq, rabbitmqctl
 
         ensure_rabbitmq()
         rabbitmqctl("add_vhost", vhost)

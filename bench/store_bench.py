@@ -6,7 +6,7 @@ durable) and ``read`` for 100 KB and 10 MB payloads.
 
 Each store URL is benchmarked in turn (credentials for S3 from the environment, as the service
 takes them); every write uses a fresh name, so each is a real create, and what the run wrote
-is removed at the end. Without URLs it starts moto's S3 server (tests/store_support.py) on
+is removed at the end. Without URLs it starts moto's S3 server (tests/support/store_support.py) on
 loopback and compares it with a temporary file store.
 """
 
@@ -78,7 +78,7 @@ def main() -> None:
         database = _bench_database(args.postgres_admin)
     if not urls:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from store_support import S3_ENVIRONMENT, S3Server
+        from support.store_support import S3_ENVIRONMENT, S3Server
 
         os.environ.update(S3_ENVIRONMENT)
         logs = Path(tempfile.mkdtemp(prefix="store-bench-"))

@@ -1,4 +1,12 @@
-"""Shared fixtures: the real-conversation corpus (skipped where absent) and a CLI runner."""
+"""Shared fixtures: the real-conversation corpus (skipped where absent) and a CLI runner.
+
+Tiers (support/tiers.py, README "Tests"): each test is marked ``fast``, ``integration`` or
+``system`` from the fixtures it uses, never by hand. ``system``: a fault cluster
+(fault_support), ``corpus_dir``, or the declaring ``system_scenario`` (long sessions, browser,
+real model, separate hosts). ``integration``: any fixture of a process plugin (Redis, RabbitMQ,
+S3, PostgreSQL, a stack, ...) or the declaring ``subprocesses``/``sockets``. ``fast``: the rest,
+and ``-m fast`` fails a test that starts a process or connects a socket.
+"""
 
 from __future__ import annotations
 
@@ -17,20 +25,12 @@ from hypothesis import HealthCheck, settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The support modules' fixtures, registered once for the whole suite. A test module that imported
-# a fixture instead (``from service_support import redis_server``) got its own copy of it, so a
-# "session" fixture (a Redis, a RabbitMQ vhost, the S3 server, a PostgreSQL database) was started
-# once per importing module in each xdist process. Test modules import only plain helpers.
-# Listed so that a module comes after those it imports (each must be registered, so that its
-# asserts are rewritten, before another support module imports it).
-pytest_plugins = [
-    "service_support",
-    "cluster_support",
-    "http_support",
-    "store_support",
-    "fault_support",
-    "follower_support",
-]
+# The tiers (fast, integration, system) are derived from each test's fixtures, and the support
+# modules whose fixtures start processes are registered only for the tiers that run them: see
+# support/tiers.py. A test module imports only plain helpers from a support module, never a
+# fixture (``from service_support import redis_server`` would give it its own copy, so a
+# "session" Redis would start once per importing module in each xdist process).
+pytest_plugins = ["support.tiers"]
 CORPUS_ENV = "COMPACTOR_CORPUS_DIR"
 
 
@@ -143,9 +143,10 @@ def run_cli_in_process(tmp_path: Path) -> CliRunner:
 
 
 @pytest.fixture
-def run_cli(tmp_path: Path) -> CliRunner:
+def run_cli(tmp_path: Path, subprocesses: None) -> CliRunner:
     """``run_cli("compact", file) -> (code, stdout, stderr)``; ``run_cli.cwd`` is a fresh temp
-    directory (so ``transcripts/`` and ``config/compactor.toml`` resolve inside it)."""
+    directory (so ``transcripts/`` and ``config/compactor.toml`` resolve inside it). Each command
+    is a process: the integration tier."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     return CliRunner(cwd)

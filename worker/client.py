@@ -25,6 +25,7 @@ import redis
 from pydantic import ValidationError
 
 from worker.backend import keys
+from worker.backend.connection import connect, connect_async, state_url
 from worker.backend.queues import (
     COMPACT_TASK,
     EVALUATE_QUEUE,
@@ -33,17 +34,8 @@ from worker.backend.queues import (
     TaskSender,
     broker_url,
 )
-from worker.backend.redis_state import (
-    RedisState,
-    RequestResult,
-    SubmitResult,
-    anewest_id,
-    await_entries,
-    connect,
-    connect_async,
-    state_url,
-    stream_entries,
-)
+from worker.backend.redis_state import RedisState, RequestResult, SubmitResult
+from worker.backend.streams import anewest_id, await_entries, stream_entries
 from worker.config import CompactionConfig, Settings, load_settings
 from worker.core.projection import CompressionCache
 from worker.core.projection import project as project_messages

@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, sys.argv[1])  # the tests directory, for service_support
 
-from service_support import conversation
+from support.service_support import conversation
 
 from worker.client import Client
 from worker.session import CompactingSession

@@ -40,8 +40,8 @@ from worker.api.common import (
     json_body,
     known_id,
 )
-from worker.api.compact import compact_conversation
-from worker.api.compacted import compacted_route
+from worker.api.compact_on_demand import compact_conversation
+from worker.api.compacted_history import compacted_route
 from worker.api.conversations import (
     approve_compaction,
     decline_compaction,
@@ -51,14 +51,12 @@ from worker.api.conversations import (
 from worker.api.inspector import ui_routes
 from worker.api.proxy import Proxy, proxy_routes
 from worker.api.responses_compact import responses_compact_routes
-from worker.api.spec import openapi
+from worker.api.spec import document_bytes
 from worker.api.sse import sse_response
 from worker.api.state import Api, api_of
 from worker.api.webhooks import UnsafeUrl, Webhooks
 from worker.backend import keys
-from worker.backend.redis_state import (
-    stream_entries,
-)
+from worker.backend.streams import stream_entries
 from worker.config import Settings
 from worker.errors import (
     CompactorError,
@@ -264,7 +262,7 @@ async def metrics(request: Request) -> Response:
 
 async def openapi_json(request: Request) -> Response:
     del request
-    return JSONResponse(openapi())
+    return Response(document_bytes(), media_type="application/json")
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -63,7 +63,7 @@ NOT_FOUND = "no such conversation (for this API key)"
 
 @contextlib.contextmanager
 def aredis_errors(action: str) -> Any:
-    """redis.asyncio errors into the error tree (as worker.backend.redis_state does for the sync
+    """redis.asyncio errors into the error tree (as worker.backend.connection does for the sync
     client)."""
     try:
         yield
@@ -142,7 +142,7 @@ def int_param(request: Request, name: str, default: int, low: int, high: int) ->
 def external_events(
     entries: list[tuple[str, dict[str, Any] | None]], tenant: Tenant
 ) -> list[dict[str, Any]]:
-    """Stream entries (:func:`worker.backend.redis_state.stream_entries`) as the tenant sees them
+    """Stream entries (:func:`worker.backend.streams.stream_entries`) as the tenant sees them
     (:meth:`Tenant.event`); an entry that holds no JSON event is left out (it was warned
     about)."""
     return [tenant.event(doc) | {"stream_id": sid} for sid, doc in entries if doc is not None]

@@ -3,7 +3,8 @@ pages (:mod:`worker.api.inspector`) and the JSON routes under them.
 
 - ``GET /v1/conversations?limit=&after=``: the tenant's conversations, newest activity first
   (the index ``cw:tenant:{tenant}:conversations``, kept by submit and publish), each with its
-  newest outcome and size; ``next`` is the cursor of the following page.
+  newest outcome and size, and the compactions its next request carries with the tokens they
+  save it; ``next`` is the cursor of the following page.
 - ``POST /v1/conversations/{id}/compactions/{event_id}/restore``: restore (undo) the newest
   completed compaction (:meth:`worker.backend.redis_state.RedisState.revert`).
 
@@ -19,7 +20,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,10 +40,12 @@ from worker.api.common import (
 from worker.api.review import Decision
 from worker.api.state import Api, api_of
 from worker.backend import keys
-from worker.backend.redis_state import entry_event
+from worker.backend.redis_state import LAST_COMPACTIONS
+from worker.backend.streams import entry_event
 from worker.core.inspection import CompactionView, Timeline, compaction_view, timeline
-from worker.errors import InvalidSnapshot, StorageError
+from worker.errors import InvalidRequest, InvalidSnapshot, StorageError
 from worker.wire.events import OUTCOME_TYPES, CompletedEvent
+from worker.wire.requests import user_text
 
 MAX_PAGE = 100
 MAX_REASON = 1000
@@ -56,7 +59,13 @@ _OUTCOME_SCAN = 8
 
 @dataclass(frozen=True)
 class ConversationRow:
-    """One conversation of a listing, as the tenant names it."""
+    """One conversation of a listing, as the tenant names it.
+
+    ``compactions``: the compactions its next request carries (restored ones not counted);
+    ``tokens_saved``: how many tokens fewer that request holds than the full history would,
+    the sum of what each of them saved (``tokens_before - tokens_after``), over the newest
+    ``saved_over`` of them (the service keeps the newest :data:`LAST_COMPACTIONS` together;
+    with more, the sum is a lower bound)."""
 
     conversation_id: str
     last_activity: float
@@ -65,6 +74,9 @@ class ConversationRow:
     outcome: dict[str, Any] | None  # the newest outcome event (tenant's view), if any
     tokens: int | None  # the request's tokens after the newest outcome
     threshold: int | None
+    compactions: int = 0
+    tokens_saved: int = 0
+    saved_over: int = 0
 
     def document(self) -> dict[str, Any]:
         outcome = self.outcome
@@ -75,6 +87,8 @@ class ConversationRow:
             "events": self.events,
             "tokens": self.tokens,
             "threshold": self.threshold,
+            "compactions": self.compactions,
+            "tokens_saved": self.tokens_saved,
             "last_outcome": None
             if outcome is None
             else {
@@ -156,14 +170,16 @@ async def _rows(
             pipe.get(keys.latest(internal))
             pipe.xlen(keys.events(internal))
             pipe.xrevrange(keys.events(internal), count=_OUTCOME_SCAN)
+            pipe.lrange(keys.last_compaction(internal), 0, -1)
         replies = await pipe.execute()
     rows, gone = [], []
     for k, (internal, score) in enumerate(members):
-        latest, length, entries = replies[3 * k : 3 * k + 3]
+        latest, length, entries, applied = replies[4 * k : 4 * k + 4]
         if latest is None and not length:
             gone.append(internal)  # expired since its last activity
             continue
         outcome = _newest_outcome(entries, keys.events(internal))
+        saved = _savings(applied)
         rows.append(
             ConversationRow(
                 conversation_id=tenant.external(internal),
@@ -173,12 +189,57 @@ async def _rows(
                 outcome=tenant.event(outcome) if outcome is not None else None,
                 tokens=_tokens_after(outcome),
                 threshold=_threshold(outcome),
+                compactions=len(saved),
+                tokens_saved=sum(saved),
+                saved_over=len(saved),
             )
         )
+    rows = await _counted_beyond_kept(api, tenant, rows)
     if gone:
         with contextlib.suppress(Exception), aredis_errors("trimming the index"):
             await api.aredis.zrem(keys.tenant_conversations(tenant.name), *gone)
     return rows
+
+
+def _savings(applied: list[bytes]) -> list[int]:
+    """What each compaction the next request carries saved it (``cw:{conv}:last``, the newest
+    :data:`LAST_COMPACTIONS`, as published; one that cannot be read saved nothing known)."""
+    out = []
+    for text in applied:
+        try:
+            compaction = json.loads(text)["compaction"]
+            out.append(max(int(compaction["tokens_before"]) - int(compaction["tokens_after"]), 0))
+        except (ValueError, KeyError, TypeError):
+            out.append(0)
+    return out
+
+
+async def _counted_beyond_kept(
+    api: Api, tenant: Tenant, rows: list[ConversationRow]
+) -> list[ConversationRow]:
+    """``rows``, where a conversation keeps :data:`LAST_COMPACTIONS` compactions (it may have
+    more) counted by its composition, which folds them all in."""
+    full = [r for r in rows if r.compactions >= LAST_COMPACTIONS]
+    if not full:
+        return rows
+    with aredis_errors("reading compositions"):
+        pipe = api.aredis.pipeline(transaction=False)
+        for row in full:
+            pipe.get(keys.composed(tenant.internal(row.conversation_id)))
+        replies = await pipe.execute()
+    counts = {r.conversation_id: _composed_count(d) for r, d in zip(full, replies, strict=True)}
+    return [
+        replace(r, compactions=max(r.compactions, counts.get(r.conversation_id, 0))) for r in rows
+    ]
+
+
+def _composed_count(doc: bytes | None) -> int:
+    """How many compactions a composition (``cw:{conv}:composed``) folds in; 0 if unknown."""
+    try:
+        count = json.loads(doc)["compactions"] if doc is not None else 0
+    except (ValueError, KeyError, TypeError):
+        return 0
+    return count if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
 def _newest_outcome(entries: list[Any], stream: str) -> dict[str, Any] | None:
@@ -320,7 +381,10 @@ def reason_of(doc: Any) -> str | None:
         raise ApiError.of(
             422, "invalid_request", f"reason: a string of at most {MAX_REASON} characters"
         )
-    return reason or None
+    try:  # text a person reads in the inspector and in events: no control characters
+        return user_text("reason", reason) or None
+    except InvalidRequest as exc:
+        raise ApiError(422, exc.to_dict()) from None
 
 
 # --- review before apply ----------------------------------------------------------------------

@@ -24,14 +24,16 @@ import hmac
 import json
 import logging
 import posixpath
+import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from worker.api import pages
@@ -56,10 +58,18 @@ from worker.api.conversations import (
     decline,
     restore,
 )
+from worker.api.review import MAX_EDIT_CHARS, Preview
 from worker.api.sse import sse_response
 from worker.api.state import Api, api_of
 from worker.backend import keys
-from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
+from worker.errors import (
+    CompactorError,
+    EventMismatch,
+    InvalidRequest,
+    RedisUnavailable,
+    StorageError,
+)
+from worker.wire.requests import user_text
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +78,13 @@ COOKIE = "cw_ui"
 SECURE_COOKIE = "__Host-cw_ui"  # over https: bound to this host, Secure, Path=/
 LOGIN_COOKIE = "cw_ui_login"
 MAX_FORM_BYTES = 16_384
+# A form carrying an edited summary: MAX_EDIT_CHARS characters, each percent-encoded at most
+# 12 bytes (%XX for each of 4 UTF-8 bytes), and the other fields.
+MAX_EDIT_FORM_BYTES = 12 * MAX_EDIT_CHARS + MAX_FORM_BYTES
 MAX_FORM_FIELDS = 32  # the most fields a form may have (every form of the inspector has a few)
+_FIELD_NAME = re.compile(r"[a-z_]{1,32}")
+# Who decided a held compaction from these pages (events' approved_by / declined_by).
+DECIDED_BY = "inspector"
 STATIC = {"inspector.css": "text/css", "inspector.js": "text/javascript"}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -154,21 +170,43 @@ async def _session(api: Api, request: Request) -> Session:
     return session
 
 
-async def _form(request: Request, api: Api) -> dict[str, str]:
-    """A url-encoded form, bounded; the last value of each name."""
+async def _form(request: Request, api: Api, limit: int = MAX_FORM_BYTES) -> dict[str, str]:
+    """A url-encoded form of at most ``limit`` bytes; the last value of each name. Every name
+    and value is UTF-8 once percent-decoded (400 naming the field otherwise)."""
     body = await api.body(request) if request.method == "POST" else b""
-    if len(body) > MAX_FORM_BYTES:
-        raise ApiError.of(413, "invalid_request", "the form is too large")
+    if len(body) > limit:
+        raise ApiError.of(413, "invalid_request", f"the form is over {limit:,} bytes")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError.of(400, "invalid_request", "the form is not UTF-8") from None
     try:
-        return dict(parse_qsl(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS))
+        # surrogateescape: bytes that are not UTF-8 become lone surrogates, found below
+        pairs = parse_qsl(
+            text,
+            keep_blank_values=True,
+            max_num_fields=MAX_FORM_FIELDS,
+            errors="surrogateescape",
+        )
     except ValueError:  # more fields than any of our forms has
         raise ApiError.of(
             413, "invalid_request", f"the form has more than {MAX_FORM_FIELDS} fields"
         ) from None
+    for name, value in pairs:
+        if not _utf8(name) or not _utf8(value):
+            # Named only when it is a name our forms could have: no sender's text is echoed.
+            field = name if _FIELD_NAME.fullmatch(name) else "(a field name)"
+            reason = "not UTF-8 once percent-decoded"
+            raise ApiError(400, InvalidRequest(field, reason).to_dict())
+    return dict(pairs)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _same_origin(request: Request) -> None:
@@ -204,9 +242,11 @@ def _next_path(raw: str | None) -> str:
 Handler = Callable[[Request, Api, Session], Awaitable[Response]]
 
 
-def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def page(
+    handler: Handler, *, form_bytes: int = MAX_FORM_BYTES
+) -> Callable[[Request], Awaitable[Response]]:
     """A route of a logged-in tenant: the session found (else the login form), its errors as
-    pages, and every POST checked for CSRF."""
+    pages, and every POST checked for CSRF (its form at most ``form_bytes``)."""
 
     async def route(request: Request) -> Response:
         api = api_of(request)
@@ -214,7 +254,7 @@ def page(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             session = await _session(api, request)
             if request.method == "POST":
                 _same_origin(request)
-                form = await _form(request, api)
+                form = await _form(request, api, form_bytes)
                 _check_csrf(session, form)
                 request.scope["ui_form"] = form
             return await handler(request, api, session)
@@ -319,9 +359,7 @@ async def _logout(request: Request, api: Api, session: Session) -> Response:
     # Deleted with the attributes they were set with: a browser ignores the deletion of a
     # __Host- cookie that is not Secure.
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
-    response.delete_cookie(
-        SECURE_COOKIE, path="/", secure=True, httponly=True, samesite="strict"
-    )
+    response.delete_cookie(SECURE_COOKIE, path="/", secure=True, httponly=True, samesite="strict")
     return response
 
 
@@ -332,7 +370,7 @@ async def _home(request: Request, api: Api, session: Session) -> Response:
 async def _conversations(request: Request, api: Api, session: Session) -> Response:
     limit = int_param(request, "limit", 50, 1, MAX_PAGE)
     page_ = await conversations_page(api, session.tenant, limit, cursor_param(request))
-    return html(pages.conversations_page(page_, session.frame()))
+    return html(pages.conversations_page(page_, session.frame(), now=time.time()))
 
 
 def _internal(session: Session, request: Request) -> tuple[str, str]:
@@ -342,9 +380,18 @@ def _internal(session: Session, request: Request) -> tuple[str, str]:
 
 async def _timeline(request: Request, api: Api, session: Session) -> Response:
     external, internal = _internal(session, request)
+    show = _show(request)
     line = await conversation_timeline(api, session.tenant, internal)
     notice = _notice(request)
-    return html(pages.timeline_page(external, line, session.frame(notice)))
+    return html(pages.timeline_page(external, line, session.frame(notice), show))
+
+
+def _show(request: Request) -> pages.Show:
+    raw = request.query_params.get("show", "all")
+    for option in pages.SHOWS:
+        if raw == option:
+            return option
+    raise ApiError.of(422, "invalid_request", "show: all or compactions")
 
 
 def _event_id(request: Request) -> str:
@@ -376,23 +423,83 @@ async def _restore(request: Request, api: Api, session: Session) -> Response:
 
 async def _approve(request: Request, api: Api, session: Session) -> Response:
     external, internal = _internal(session, request)
-    summary = form_of(request).get("summary") or None
-    await approve(api, session.tenant, internal, _event_id(request), summary)
+    summary = _summary(form_of(request))
+    event_id = _event_id(request)
+    await approve(api, session.tenant, internal, event_id, summary, by=DECIDED_BY)
     return _see(f"{pages.conversation_url(external)}?done=approved")
+
+
+async def _preview(request: Request, api: Api, session: Session) -> Response:
+    """An edit counted as approving it would count it, nothing published: JSON for the page's
+    script, the review page again (the edit kept in its editor) for a browser without one."""
+    _external, internal = _internal(session, request)
+    event_id = _event_id(request)
+    summary = _summary(form_of(request))
+    if not await api.known(internal):
+        raise ApiError.of(404, "not_found", NOT_FOUND)
+    try:
+        preview = await api.reviewer.preview(internal, event_id, summary)
+    except ApiError as exc:
+        if exc.status != 422 or not wants_html(request):
+            raise
+        return await _review_again(request, api, session, summary or "", problem=exc)
+    if not wants_html(request):
+        return JSONResponse(_figures(preview), headers=HEADERS)
+    return await _review_again(request, api, session, summary or "", preview=preview)
+
+
+def _figures(preview: Preview) -> dict[str, object]:
+    cost = preview.cost
+    return {
+        "text": pages.edit_figures(preview),
+        "edited": preview.edited,
+        "tokens": preview.summary.tokens,
+        "proposed_tokens": preview.proposed_tokens,
+        "tokens_before": preview.tokens_before,
+        "tokens_after": preview.tokens_after,
+        "saved_tokens_per_turn": None if cost is None else cost.saved_tokens_per_turn,
+    }
+
+
+async def _review_again(
+    request: Request,
+    api: Api,
+    session: Session,
+    text: str,
+    *,
+    preview: Preview | None = None,
+    problem: ApiError | None = None,
+) -> Response:
+    external, internal = _internal(session, request)
+    view, line = await compaction_page(api, session.tenant, internal, _event_id(request))
+    said = None if problem is None else str(problem.body.get("message") or problem)
+    review = pages.Review(text, preview, said)
+    page_ = pages.compaction_page(external, view, line, session.frame(), review)
+    return html(page_, 200 if problem is None else problem.status)
 
 
 async def _reject(request: Request, api: Api, session: Session) -> Response:
     external, internal = _internal(session, request)
     reason = _reason(form_of(request))
-    await decline(api, session.tenant, internal, _event_id(request), reason)
+    event_id = _event_id(request)
+    await decline(api, session.tenant, internal, event_id, reason, by=DECIDED_BY)
     return _see(f"{pages.conversation_url(external)}?done=rejected")
+
+
+def _summary(form: dict[str, str]) -> str | None:
+    """The edited summary of a form: a browser sends a text area's line breaks as CRLF
+    (the HTML standard), which the summary writes as LF; empty: none."""
+    return form.get("summary", "").replace("\r\n", "\n") or None
 
 
 def _reason(form: dict[str, str]) -> str | None:
     reason = form.get("reason", "").strip()
     if len(reason) > MAX_REASON:
         raise ApiError.of(422, "invalid_request", f"reason: at most {MAX_REASON} characters")
-    return reason or None
+    try:
+        return user_text("reason", reason) or None
+    except InvalidRequest as exc:
+        raise ApiError(422, exc.to_dict()) from None
 
 
 _NOTICES = {
@@ -440,6 +547,15 @@ def ui_routes() -> list[Route]:
         Route(comp, page(_compaction), methods=["GET"]),
         Route(f"{comp}/restore", page(_restore), methods=["POST"]),
         Route(f"{conv}/messages/{{message_id}}", page(_recall), methods=["GET"]),
-        Route(f"{conv}/proposals/{{event_id}}/approve", page(_approve), methods=["POST"]),
+        Route(
+            f"{conv}/proposals/{{event_id}}/approve",
+            page(_approve, form_bytes=MAX_EDIT_FORM_BYTES),
+            methods=["POST"],
+        ),
+        Route(
+            f"{conv}/proposals/{{event_id}}/preview",
+            page(_preview, form_bytes=MAX_EDIT_FORM_BYTES),
+            methods=["POST"],
+        ),
         Route(f"{conv}/proposals/{{event_id}}/reject", page(_reject), methods=["POST"]),
     ]

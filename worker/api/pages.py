@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Literal
 from urllib.parse import quote
 
-from worker.api.conversations import Page
+from worker.api.conversations import ConversationRow, Page
+from worker.api.review import Preview
 from worker.core.cost import usd
 from worker.core.inspection import CompactionView, Point, Section, Timeline
 from worker.wire.events import Cost
@@ -121,66 +124,169 @@ def error_page(status: int, message: str, frame: Frame | None) -> str:
 # --- the conversations -----------------------------------------------------------------------
 
 
-def conversations_page(page: Page, frame: Frame) -> str:
+def conversations_page(page: Page, frame: Frame, *, now: float | None = None) -> str:
+    """The tenant's conversations; ``now`` (seconds since the epoch) says how long ago each
+    was active (None: the date alone)."""
     if not page.rows:
-        rows = '<tr><td colspan="5">No conversations yet (or none active lately).</td></tr>'
+        rows = f'<tr><td colspan="7">{_no_conversations(frame.tenant)}</td></tr>'
     else:
-        rows = "".join(_conversation_row(r.document()) for r in page.rows)
+        rows = "".join(_conversation_row(r, now) for r in page.rows)
     more = ""
     if page.next:
         href = f"{UI}/conversations?after={quote(page.next, safe='')}"
         more = f'<p><a rel="next" href="{esc(href)}">Older conversations</a></p>'
     body = (
-        "<p>Newest activity first: the request's size after the newest outcome, and that "
+        "<p>Newest activity first: how many compactions each conversation's next request "
+        "carries and the tokens they save it, its size after the newest outcome, and that "
         "outcome.</p>"
         '<div class="table-wrap"><table class="conversations"><caption>Conversations</caption>'
         '<thead><tr><th scope="col">Conversation</th><th scope="col">Last activity</th>'
-        '<th scope="col">Tokens / threshold</th><th scope="col">Last outcome</th>'
-        '<th scope="col">Events</th></tr></thead>'
+        '<th scope="col" class="num">Compactions</th><th scope="col" class="num">Tokens saved'
+        '</th><th scope="col">Tokens / threshold</th><th scope="col">Last outcome</th>'
+        '<th scope="col" class="num">Events</th></tr></thead>'
         f"<tbody>{rows}</tbody></table></div>{more}"
     )
     return layout("Conversations", body, frame)
 
 
-def _conversation_row(doc: dict[str, Any]) -> str:
-    outcome = doc["last_outcome"]
+def _no_conversations(tenant: str) -> str:
+    """The empty list's text: where conversations come from, and the id prefix that puts one
+    submitted from Python here (docs/inspector.md, "The conversation index")."""
+    example = f"{tenant}:my-agent-1"
+    return (
+        '<div class="empty"><p>No conversations yet (or none active lately).</p>'
+        "<p>A conversation is listed here once it is submitted through this server (the "
+        "<code>/v1</code> API or the proxy) with this tenant's key. One submitted from Python "
+        "(<code>worker.client.Client</code>, <code>CompactingSession</code>) straight to Redis "
+        "is listed only when its id starts with this tenant's name and a colon: "
+        f"<code>{esc(example)}</code> is listed as <code>my-agent-1</code>; an id without that "
+        "prefix belongs to no tenant, and no page shows it.</p></div>"
+    )
+
+
+def readable_time(seconds: float, now: float | None) -> str:
+    """A moment for people, as markup: the UTC date and minute (the ``<time>`` element's
+    ``datetime`` exact), and how long before ``now`` it was."""
+    moment = datetime.fromtimestamp(seconds, UTC)
+    iso = moment.isoformat(timespec="seconds")
+    shown = f'<time datetime="{esc(iso)}" class="when">{moment:%Y-%m-%d %H:%M} UTC</time>'
+    return shown if now is None else f'{shown} <span class="ago">· {_ago(now - seconds)}</span>'
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 60:
+        return "just now"
+    for size, unit in ((86_400, "day"), (3_600, "hour"), (60, "minute")):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''} ago"
+    return "just now"
+
+
+def _conversation_row(row: ConversationRow, now: float | None) -> str:
+    outcome = row.outcome
     said = "—"
     if outcome is not None:
         reason = f": {outcome['reason']}" if outcome.get("reason") else ""
-        said = f"{outcome['type']} (revision {outcome['revision']}){reason}"
-    cid = doc["conversation_id"]
+        said = f"{outcome.get('type')} (revision {outcome.get('revision')}){reason}"
+    cid = row.conversation_id
     return (
         f'<tr><th scope="row"><a href="{esc(conversation_url(cid))}">{esc(cid)}</a></th>'
-        f'<td><time datetime="{esc(doc["last_activity"])}">{esc(doc["last_activity"])}</time></td>'
-        f"<td>{_tokens(doc['tokens'])} / {_tokens(doc['threshold'])}</td>"
-        f"<td>{esc(said)}</td><td>{esc(doc['events'])}</td></tr>"
+        f"<td>{readable_time(row.last_activity, now)}</td>"
+        f'<td class="num">{row.compactions:,}</td>'
+        f'<td class="num">{_saved(row)}</td>'
+        f"<td>{_tokens(row.tokens)} / {_tokens(row.threshold)}</td>"
+        f'<td>{esc(said)}</td><td class="num">{row.events:,}</td></tr>'
     )
+
+
+def _saved(row: ConversationRow) -> str:
+    if not row.compactions:
+        return "—"
+    # Only the newest compactions' savings are kept together (ConversationRow.tokens_saved).
+    bound = "at least " if row.compactions > row.saved_over else ""
+    return f"{bound}{row.tokens_saved:,}"
 
 
 # --- one conversation ---------------------------------------------------------------------------
 
 
-def timeline_page(conversation_id: str, line: Timeline, frame: Frame) -> str:
+# Which events the timeline's table lists: every one, or the compactions and what became of
+# them (made, held, decided, restored, failed) without the skips that bury them.
+Show = Literal["all", "compactions"]
+SHOWS: tuple[Show, ...] = ("all", "compactions")
+COMPACTION_TYPES = frozenset(
+    {
+        "compaction.completed",
+        "compaction.proposed",
+        "compaction.declined",
+        "compaction.reverted",
+        "compaction.failed",
+    }
+)
+
+
+def shown(points: Sequence[Point], show: Show) -> list[Point]:
+    return [p for p in points if show == "all" or p.type in COMPACTION_TYPES]
+
+
+def timeline_page(conversation_id: str, line: Timeline, frame: Frame, show: Show = "all") -> str:
     last = line.points[-1].stream_id if line.points else "0"
     events_url = f"{conversation_url(conversation_id)}/events"
+    rows = shown(line.points, show)
+    listed = "".join(_event_row(conversation_id, p, line, frame) for p in rows)
+    if not rows:
+        listed = (
+            '<tr><td colspan="6">No compaction yet: every event so far is a skip (the '
+            "request stayed under its threshold). All events lists them.</td></tr>"
+        )
     body = (
         f"{chart(line)}{_proposals(conversation_id, line, frame)}"
-        f'<h2 id="events-heading">Events</h2>'
+        f'<h2 id="events-heading">Events</h2>{_filter(conversation_id, line, show)}'
         f'<p id="live" class="live" aria-live="polite" data-events="{esc(events_url)}" '
-        f'data-after="{esc(last)}"></p>'
+        f'data-after="{esc(last)}" data-show="{esc(show)}" data-types="{esc(_types(show))}">'
+        "</p>"
         '<div class="table-wrap"><table class="events" id="events" '
         'aria-labelledby="events-heading"><thead><tr><th scope="col">Revision</th>'
         '<th scope="col">Event</th><th scope="col">Tokens before → after</th>'
         '<th scope="col">Threshold</th><th scope="col">What happened</th>'
-        '<th scope="col">Actions</th></tr></thead><tbody>'
-        + "".join(_event_row(conversation_id, p, line, frame) for p in line.points)
-        + "</tbody></table></div>"
+        f'<th scope="col">Actions</th></tr></thead><tbody>{listed}</tbody></table></div>'
     )
     return layout(conversation_id, body, frame)
 
 
+def _types(show: Show) -> str:
+    """The event types the table lists, for the page's script ('': every type)."""
+    return "" if show == "all" else " ".join(sorted(COMPACTION_TYPES))
+
+
+def _filter(conversation_id: str, line: Timeline, show: Show) -> str:
+    """Links to the table's two views, each with how many events it lists (no script)."""
+    base = conversation_url(conversation_id)
+    counts = {s: len(shown(line.points, s)) for s in SHOWS}
+    labels = {"compactions": "Compactions only", "all": "All events"}
+    links = []
+    for option in ("compactions", "all"):
+        href = f"{base}?show={option}"
+        current = ' aria-current="page"' if option == show else ""
+        links.append(
+            f'<li><a href="{esc(href)}"{current}>{labels[option]} '
+            f'<span class="count">({counts[option]:,})</span></a></li>'
+        )
+    return f'<nav class="filter" aria-label="Which events to list"><ul>{"".join(links)}</ul></nav>'
+
+
+def event_name(kind: str) -> str:
+    """An event type that a narrow column may break after a dot, never inside a word (each
+    word its own box: inspector.css)."""
+    parts = kind.split(".")
+    words = [f"{part}." for part in parts[:-1]] + parts[-1:]
+    inner = "".join(f'<span class="word">{esc(w)}</span>' for w in words)
+    return f'<span class="event-name">{inner}</span>'
+
+
 def _event_row(conversation_id: str, p: Point, line: Timeline, frame: Frame) -> str:
-    kind = esc(p.type) + (' <span class="tag">restored</span>' if p.reverted else "")
+    kind = event_name(p.type) + (' <span class="tag">restored</span>' if p.reverted else "")
     actions = ""
     if p.type == "compaction.completed":
         actions = f'<a href="{esc(compaction_url(conversation_id, p.event_id))}">Inspect</a>'
@@ -207,18 +313,63 @@ def restore_form(conversation_id: str, event_id: str, frame: Frame) -> str:
     )
 
 
-def review_form(conversation_id: str, event_id: str, summary: str, frame: Frame) -> str:
+@dataclass(frozen=True)
+class Review:
+    """A held compaction's decision as its page shows it: the editor's ``text``, and what
+    approving it would publish (``preview``) or why it could not be (``problem``)."""
+
+    text: str
+    preview: Preview | None
+    problem: str | None = None
+
+
+def edit_figures(preview: Preview) -> str:
+    """What an edit (or the proposal, unedited) weighs: its tokens, counted as the approval
+    counts them, and the next request's size and cost with it."""
+    c = preview.cost
+    request = f"{preview.tokens_before:,} → {preview.tokens_after:,} tokens"
+    if not preview.edited:
+        return (
+            f"The proposed summary: {preview.proposed_tokens:,} tokens. With it, the next "
+            f"request holds {request}; {cost_line(c)}."
+        )
+    fidelity = preview.summary.fidelity
+    repaired = fidelity.repaired if fidelity is not None else 0
+    facts = (
+        f", with the {repaired} must-keep fact{'s' if repaired != 1 else ''} it lacked added "
+        "under Kept facts"
+        if repaired
+        else ""
+    )
+    return (
+        f"Your edit: {preview.summary.tokens:,} tokens (the proposal: "
+        f"{preview.proposed_tokens:,}){facts}. With it, the next request holds about {request}; "
+        f"{cost_line(c)}."
+    )
+
+
+def review_form(conversation_id: str, event_id: str, review: Review, frame: Frame) -> str:
     """A held compaction's decision on its own page: approve, with its summary editable (left
-    as it is, it is approved as proposed), or reject with a reason."""
+    as it is, it is approved as proposed) and counted again as it is edited (by the page's
+    script as you type, or with "Count the edit"), or reject with a reason."""
     base = f"{conversation_url(conversation_id)}/proposals/{path_part(event_id)}"
+    if review.problem is not None:
+        figures = f"This edit cannot be approved: {review.problem}"
+    else:
+        figures = edit_figures(review.preview) if review.preview is not None else ""
+    state = " error" if review.problem is not None else ""
     return (
         '<section class="review" aria-labelledby="review-heading">'
         '<h2 id="review-heading">Held for review</h2>'
-        f'<form method="post" action="{esc(base)}/approve" class="decide">{csrf_field(frame)}'
+        f'<form method="post" action="{esc(base)}/approve" class="edit">{csrf_field(frame)}'
         '<label for="summary-edit">Summary (edit it to approve your version; its must-keep '
-        "facts are checked again)</label>"
-        f'<textarea id="summary-edit" name="summary" rows="12">{esc(summary)}</textarea>'
-        '<button type="submit">Approve</button></form>'
+        "facts are checked again, and its tokens and cost counted again as you type)</label>"
+        f'<textarea id="summary-edit" name="summary" rows="14" spellcheck="false" '
+        f'data-preview="{esc(base)}/preview">{esc(review.text)}</textarea>'
+        f'<p id="edit-figures" class="figures{state}" role="status">{esc(figures)}</p>'
+        '<div class="buttons"><button type="submit">Approve</button>'
+        f'<button type="submit" class="secondary" formaction="{esc(base)}/preview">'
+        "Count the edit</button></div></form>"
         f'<form method="post" action="{esc(base)}/reject" class="decide">{csrf_field(frame)}'
         '<label for="why-reject">Why reject it (optional)</label>'
         '<input id="why-reject" name="reason" maxlength="1000">'
@@ -249,13 +400,50 @@ def _proposals(conversation_id: str, line: Timeline, frame: Frame) -> str:
 
 # --- the chart -----------------------------------------------------------------------------------
 
-_W, _H, _PAD_L, _PAD_R, _PAD_T, _PAD_B = 640, 260, 56, 16, 16, 36
+# The chart's coordinates (SVG user units). It takes the page's width (inspector.css), so a
+# unit is about a pixel on a wide screen; a narrow one scrolls it sideways in its figure.
+_W, _H, _PAD_R, _PAD_T, _PAD_B = 960, 300, 16, 16, 40
+_FONT = 12  # the ticks' font size (inspector.css)
+_DIGIT_W = 7.5  # the widest a digit or comma of it is drawn, and then some
+_TICK_GAP = 14  # the least room between two revision labels
 _SHAPES = {
     "compaction.completed": "completed",
     "compaction.skipped": "skipped",
     "compaction.failed": "failed",
     "compaction.rejected": "rejected",
 }
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """Where a chart's points go: revision ``k`` of ``count`` at :meth:`x`, ``tokens`` at
+    :meth:`y`, under ``top`` tokens, right of a margin as wide as the widest token label."""
+
+    count: int
+    top: int
+    left: float
+
+    @property
+    def width(self) -> float:
+        return _W - self.left - _PAD_R
+
+    @property
+    def height(self) -> float:
+        return _H - _PAD_T - _PAD_B
+
+    @property
+    def step(self) -> float:
+        return self.width / max(self.count - 1, 1)
+
+    def x(self, k: int) -> float:
+        return self.left + (k * self.step if self.count > 1 else self.width / 2)
+
+    def y(self, tokens: int) -> float:
+        return _PAD_T + self.height - tokens / self.top * self.height
+
+
+def _label_width(text: str) -> float:
+    return len(text) * _DIGIT_W
 
 
 def chart(line: Timeline) -> str:
@@ -266,38 +454,30 @@ def chart(line: Timeline) -> str:
         return '<p class="empty-chart">No counted outcome yet: nothing to chart.</p>'
     top = max([*(p.before or 0 for p in points), *(p.threshold or 0 for p in points), 1])
     top = int(top * 1.1) + 1
-    width, height = _W - _PAD_L - _PAD_R, _H - _PAD_T - _PAD_B
-    step = width / max(len(points) - 1, 1)
-
-    def x(k: int) -> float:
-        return _PAD_L + (k * step if len(points) > 1 else width / 2)
-
-    def y(v: int) -> float:
-        return _PAD_T + height - v / top * height
-
-    before = " ".join(f"{x(k):.1f},{y(p.before or 0):.1f}" for k, p in enumerate(points))
-    after = " ".join(f"{x(k):.1f},{y(p.after or 0):.1f}" for k, p in enumerate(points))
+    left = max(56.0, _label_width(f"{top:,}") + 14)
+    f = _Frame(len(points), top, left)
+    before = " ".join(f"{f.x(k):.1f},{f.y(p.before or 0):.1f}" for k, p in enumerate(points))
+    after = " ".join(f"{f.x(k):.1f},{f.y(p.after or 0):.1f}" for k, p in enumerate(points))
     parts = [
         f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" '
         'aria-labelledby="chart-title chart-desc" preserveAspectRatio="xMidYMid meet">'
         '<title id="chart-title">Tokens of the request per revision</title>'
         '<desc id="chart-desc">Tokens before and after each outcome, and the threshold; '
         "the events table lists the same.</desc>",
-        _axes(top, height),
-        _threshold_line(points, x, y),
+        _axes(f),
+        _threshold_line(points, f),
         f'<polyline class="before" points="{before}"/>',
         f'<polyline class="after" points="{after}"/>',
     ]
-    every = max(1, len(points) // 12)  # at most about a dozen revision labels
     for k, p in enumerate(points):
-        parts.append(_marker(p, x(k), y(p.before or 0), y(p.after or 0)))
-        if k % every == 0 or k == len(points) - 1:
-            parts.append(
-                f'<text class="tick" x="{x(k):.1f}" y="{_PAD_T + height + 14}" '
-                f'text-anchor="middle">{esc(p.revision)}</text>'
-            )
+        parts.append(_marker(p, f.x(k), f.y(p.before or 0), f.y(p.after or 0)))
+    for k in revision_labels([p.revision for p in points], f.step):
+        parts.append(
+            f'<text class="tick x" x="{f.x(k):.1f}" y="{_PAD_T + f.height + 16:.1f}" '
+            f'text-anchor="middle">{esc(points[k].revision)}</text>'
+        )
     parts.append(
-        f'<text class="axis-label" x="{_PAD_L + width / 2:.0f}" y="{_H - 4}" '
+        f'<text class="axis-label" x="{f.left + f.width / 2:.0f}" y="{_H - 4}" '
         'text-anchor="middle">revision</text></svg>'
     )
     legend = (
@@ -308,34 +488,53 @@ def chart(line: Timeline) -> str:
         '<li><span class="key skipped"></span>skip</li></ul>'
     )
     return (
-        f'<figure class="chart-figure">{"".join(parts)}<figcaption>{legend}</figcaption></figure>'
+        f'<figure class="chart-figure"><div class="chart-scroll">{"".join(parts)}</div>'
+        f"<figcaption>{legend}</figcaption></figure>"
     )
 
 
-def _axes(top: int, height: int) -> str:
+def revision_labels(revisions: Sequence[int], step: float) -> list[int]:
+    """The indexes of the revisions to label under the chart, ``step`` units apart: evenly
+    spaced, each label clear of the next by :data:`_TICK_GAP` at its widest, the first
+    always and the last in place of the one before it when the two would touch."""
+    if not revisions:
+        return []
+    widest = max(_label_width(str(r)) for r in revisions) + _TICK_GAP
+    every = max(1, math.ceil(widest / step)) if step > 0 else len(revisions)
+    picked = list(range(0, len(revisions), every))
+    last = len(revisions) - 1
+    if picked[-1] != last:
+        if (last - picked[-1]) * step < widest and len(picked) > 1:
+            picked.pop()
+        if not picked or (last - picked[-1]) * step >= widest:
+            picked.append(last)
+    return picked
+
+
+def _axes(f: _Frame) -> str:
     ticks = []
     for k in range(5):
-        value = top * k // 4
-        ty = _PAD_T + height - value / top * height
+        value = f.top * k // 4
+        ty = f.y(value)
         ticks.append(
-            f'<line class="grid" x1="{_PAD_L}" x2="{_W - _PAD_R}" y1="{ty:.1f}" y2="{ty:.1f}"/>'
-            f'<text class="tick" x="{_PAD_L - 6}" y="{ty + 4:.1f}" text-anchor="end">'
-            f"{value:,}</text>"
+            f'<line class="grid" x1="{f.left:.1f}" x2="{_W - _PAD_R}" y1="{ty:.1f}" '
+            f'y2="{ty:.1f}"/><text class="tick y" x="{f.left - 6:.1f}" y="{ty + 4:.1f}" '
+            f'text-anchor="end">{value:,}</text>'
         )
     return "".join(ticks)
 
 
-def _threshold_line(points: Sequence[Point], x: Any, y: Any) -> str:
+def _threshold_line(points: Sequence[Point], f: _Frame) -> str:
     known = [(k, p.threshold) for k, p in enumerate(points) if p.threshold is not None]
     if not known:
         return ""
     coords = []
     for k, value in known:  # a step line: the threshold may change with the window
-        coords.append(f"{x(k) - 0.5:.1f},{y(value):.1f}")
-        coords.append(f"{x(k) + 0.5:.1f},{y(value):.1f}")
+        coords.append(f"{f.x(k) - 0.5:.1f},{f.y(value):.1f}")
+        coords.append(f"{f.x(k) + 0.5:.1f},{f.y(value):.1f}")
     if len(known) == 1:
         value = known[0][1]
-        coords = [f"{_PAD_L},{y(value):.1f}", f"{_W - _PAD_R},{y(value):.1f}"]
+        coords = [f"{f.left:.1f},{f.y(value):.1f}", f"{_W - _PAD_R},{f.y(value):.1f}"]
     return f'<polyline class="threshold" points="{" ".join(coords)}"/>'
 
 
@@ -388,8 +587,14 @@ def _usd(amount: float | None) -> str:
 
 
 def compaction_page(
-    conversation_id: str, view: CompactionView, line: Timeline, frame: Frame
+    conversation_id: str,
+    view: CompactionView,
+    line: Timeline,
+    frame: Frame,
+    review: Review | None = None,
 ) -> str:
+    """One compaction beside what it replaced; a held one with its decision (``review``: an
+    edit being counted; else its proposed summary, as proposed)."""
     event, c = view.event, view.event.compaction
     reverted = any(p.reverted and p.event_id == event.event_id for p in line.points)
     facts = [
@@ -413,7 +618,8 @@ def compaction_page(
     elif event.event_id == line.newest_completed:
         status = restore_form(conversation_id, event.event_id, frame)
     elif any(p.event_id == event.event_id for p in line.proposed):
-        status = review_form(conversation_id, event.event_id, c.summary.text, frame)
+        proposal = Review(c.summary.text, Preview.of(c, event.cost, None))
+        status = review_form(conversation_id, event.event_id, review or proposal, frame)
     body = (
         '<dl class="facts">'
         + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)

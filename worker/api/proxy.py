@@ -7,7 +7,7 @@ as it came, streamed chunk by chunk, errors included.
 
 With ``X-Compactor-Conversation: c-42`` (and ``X-Compactor-Key`` naming the tenant) the proxy
 first applies the conversation's compactions to the history the agent sent (all of them at
-once when it is the full history, however many there were; :mod:`worker.api.compacted`),
+once when it is the full history, however many there were; :mod:`worker.api.compacted_history`),
 forwards the shorter history, and once the reply is complete submits the history the agent sent
 plus the reply as the conversation's next snapshot (revision: a counter in Redis,
 ``cw:{<conv>}:proxyrev``). The snapshot's model has a context window when one is known: the
@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from worker.api.auth import Tenant, bearer
 from worker.api.common import ApiError, integer_param, json_body
-from worker.api.compacted import compacted_history
+from worker.api.compacted_history import compacted_history
 from worker.api.state import Api
 from worker.backend import keys
 from worker.config import MAX_CONTEXT_WINDOW, MIN_CONTEXT_WINDOW

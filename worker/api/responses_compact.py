@@ -12,9 +12,10 @@ digest or the LLM, the transcript kept, the event published): the window is subm
 conversation's next snapshot (format ``responses``; its auto trigger off, so the compaction
 asked for is the only one made), a compaction of it is requested (``Client.compact_now``), and
 the answer waits for that request's outcome event. ``output`` is the window with the
-conversation's compactions applied (:func:`worker.api.compacted.compacted_history`): the kept
-head, the carried user turns, one readable summary message, the kept tail. No encrypted item
-is ever made up; the client's own opaque items and fields are carried as they came.
+conversation's compactions applied (:func:`worker.api.compacted_history.compacted_history`):
+the kept head, the carried user turns, one readable summary message, the kept tail. No
+encrypted item is ever made up; the client's own opaque items and fields are carried as they
+came.
 
 The conversation is the one ``X-Compactor-Conversation`` names, else one derived from the
 window's opening items (:func:`derived_conversation`), so that a session's successive compacts,
@@ -44,11 +45,11 @@ from starlette.routing import Route
 
 from worker.api.auth import Tenant, bearer
 from worker.api.common import ApiError, aredis_errors, json_body
-from worker.api.compacted import Outcome, compacted_history
+from worker.api.compacted_history import Outcome, compacted_history
 from worker.api.proxy import CONVERSATION_HEADER, KEY_HEADER
 from worker.api.state import Api
 from worker.backend import keys
-from worker.backend.redis_state import anewest_id, stream_entries
+from worker.backend.streams import anewest_id, stream_entries
 from worker.errors import CompactorError, InvalidRequest, InvalidSnapshot, NoSnapshot
 from worker.wire.events import (
     OUTCOME_TYPES,

@@ -4,9 +4,12 @@ webhooks' answers alike. One :class:`Reviewer` per process, held by the ``Api`` 
 
 An approval may carry an edited summary: bounded and re-checked against the must-keep facts of
 the range, read from the compaction's transcript (:func:`worker.client.checked_edit`, shared
-with ``Client.approve``). The Redis side is one script each
-(:meth:`worker.backend.redis_state.RedisState.approve`, ``decline``), so a proposal is
-published as completed, or declined, exactly once.
+with ``Client.approve``). An edit and a reason are text a person sent, to be published: one
+holding a control character or a lone surrogate is refused (422, naming the field) before
+anything is published (:func:`worker.wire.requests.user_text`). :meth:`Reviewer.preview`
+checks an edit as an approval would, publishing nothing: the inspector counts an edit with it.
+The Redis side is one script each (:meth:`worker.backend.redis_state.RedisState.approve`,
+``decline``), so a proposal is published as completed, or declined, exactly once.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from worker.api.common import ApiError
 from worker.backend.redis_state import RedisState
 from worker.client import checked_edit
 from worker.config import Settings
-from worker.core.review import edit_of
-from worker.errors import EventMismatch, InvalidInput
+from worker.core.cost import recosted
+from worker.core.review import edit_of, edited_tokens_after
+from worker.errors import EventMismatch, InvalidInput, InvalidRequest
 from worker.transcripts import TranscriptStore
 from worker.wire.composed import HeldProposal
-from worker.wire.events import CompletedEvent, DeclinedEvent, Summary
+from worker.wire.events import Compaction, CompletedEvent, Cost, DeclinedEvent, Summary
+from worker.wire.requests import user_text
 
 # What a reviewer may send as an edited summary, in characters (the token bound, the operator's
 # summary_max_output_tokens, is checked after).
@@ -37,6 +42,35 @@ class Decision:
 
     event: CompletedEvent | DeclinedEvent
     stream_id: str
+
+
+@dataclass(frozen=True)
+class Preview:
+    """An edit of a held compaction's summary as an approval would publish it: the checked
+    ``summary`` (facts repaired, tokens counted by the project's tokenizer), the proposed
+    summary's tokens, and the next request's tokens and ``cost`` with the edit in place of
+    the proposed summary (``edited`` False: no edit, the proposal's own figures)."""
+
+    summary: Summary
+    proposed_tokens: int
+    tokens_before: int
+    tokens_after: int
+    cost: Cost | None
+    edited: bool
+
+    @classmethod
+    def of(cls, compaction: Compaction, cost: Cost | None, edit: Summary | None) -> Preview:
+        proposed = compaction.summary
+        if edit is None:
+            return cls(
+                proposed, proposed.tokens, compaction.tokens_before, compaction.tokens_after,
+                cost, edited=False,
+            )  # fmt: skip
+        after = edited_tokens_after(compaction, edit)
+        return cls(
+            edit, proposed.tokens, compaction.tokens_before, after,
+            None if cost is None else recosted(cost, after), edited=True,
+        )  # fmt: skip
 
 
 class Reviewer:
@@ -82,6 +116,8 @@ class Reviewer:
         self, internal: str, event_id: str, reason: str | None, *, by: str = "api"
     ) -> Decision:
         """Publish ``compaction.declined`` and drop the held compaction."""
+        if reason is not None:
+            reason = _text_of("reason", reason)
         held = await self.held(internal, event_id)
         now = datetime.now(UTC)
         _status, event, stream_id = await anyio.to_thread.run_sync(
@@ -91,11 +127,22 @@ class Reviewer:
             raise _not_held(event_id)
         return Decision(event, stream_id)
 
+    async def preview(self, internal: str, event_id: str, summary_text: str | None) -> Preview:
+        """What approving the held compaction with ``summary_text`` would publish, checked and
+        counted as :meth:`approve` does it (422 for an edit it would refuse), and what the
+        next request would weigh and cost with it; nothing is published. No text, or the
+        proposed one, previews the proposal."""
+        held = await self.held(internal, event_id)
+        text = edit_of(held.event.compaction, summary_text)
+        summary = None if text is None else await self._edited(held, text)
+        return Preview.of(held.event.compaction, held.event.cost, summary)
+
     async def _edited(self, held: HeldProposal, text: str) -> Summary:
         if len(text) > MAX_EDIT_CHARS:
             raise ApiError.of(
                 422, "invalid_request", f"summary: at most {MAX_EDIT_CHARS} characters"
             )
+        text = _text_of("summary", text)
         config = self.settings.compaction
         try:
             return await anyio.to_thread.run_sync(
@@ -105,6 +152,14 @@ class Reviewer:
             raise ApiError.of(422, "invalid_request", exc.message) from None
         except EventMismatch as exc:  # its transcript is gone: the edit cannot be checked
             raise ApiError.of(409, "edit_not_checkable", f"{exc.message}; approve as is") from None
+
+
+def _text_of(field: str, text: str) -> str:
+    """``text`` when it may be published (:func:`user_text`); 422 naming ``field`` if not."""
+    try:
+        return user_text(field, text)
+    except InvalidRequest as exc:
+        raise ApiError(422, exc.to_dict()) from None
 
 
 def _not_held(event_id: str) -> ApiError:

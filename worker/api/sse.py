@@ -16,7 +16,7 @@ from starlette.responses import StreamingResponse
 from worker.api.auth import Tenant
 from worker.api.common import external_events
 from worker.api.state import Api
-from worker.backend.redis_state import anewest_id, await_entries, stream_entries
+from worker.backend.streams import anewest_id, await_entries, stream_entries
 
 log = logging.getLogger(__name__)
 

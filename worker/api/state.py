@@ -18,10 +18,7 @@ from worker.api.auth import ApiKeys, Tenant, bearer, load_api_keys
 from worker.api.common import MAX_MESSAGE_ID, ApiError, aredis_errors, read_body
 from worker.api.review import Reviewer
 from worker.backend import keys
-from worker.backend.redis_state import (
-    connect_async,
-    state_url,
-)
+from worker.backend.connection import connect_async, state_url
 from worker.client import Client
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, StorageError

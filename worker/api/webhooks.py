@@ -41,8 +41,9 @@ from worker.api.auth import Tenant
 from worker.api.common import ApiError
 from worker.api.state import Api
 from worker.backend import keys
-from worker.backend.redis_state import BLOCK_SLICE_MS, entry_event
-from worker.errors import RedisUnavailable
+from worker.backend.streams import BLOCK_SLICE_MS, entry_event
+from worker.errors import InvalidRequest, RedisUnavailable
+from worker.wire.requests import user_text
 
 log = logging.getLogger(__name__)
 
@@ -553,6 +554,12 @@ def read_answer(
     if decision not in DECISIONS:
         return None
     if not isinstance(summary, str | None) or not isinstance(reason, str | None):
+        return None
+    try:  # text with control characters is a malformed answer: the hook's default applies
+        for field, text in (("summary", summary), ("reason", reason)):
+            if text is not None:
+                user_text(field, text)
+    except InvalidRequest:
         return None
     return Answer(decision, "webhook", summary if decision == "approve" else None, reason)
 

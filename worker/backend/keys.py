@@ -19,7 +19,7 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:queued`` | string flag | submit (NX) / evaluate (DEL) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:lock`` | string (fencing token) | summarize | lease (``lock_lease_s``), renewed |
 | ``cw:{conv}:fence`` | string (int counter) | summarize | ``stream_ttl_s`` |
-| ``cw:{conv}:rerun`` | string flag | evaluate while locked | ``snapshot_ttl_s`` |
+| ``cw:{conv}:rerun`` | string flag | evaluate while locked / release (DEL) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:memo`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:last`` | list (event JSON, newest 8) | publish (completed) | ``stream_ttl_s`` |
 | ``cw:{conv}:composed`` | string (JSON, wire.composed) | publish (completed) | ``stream_ttl_s`` |

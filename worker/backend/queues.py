@@ -8,7 +8,7 @@ docs/redis-protocol.md describes the message for other languages.
 
 The broker is Redis (the state's, unless ``[broker] url`` names another) or RabbitMQ
 (``amqp://``, through kombu's py-amqp transport); the state is always in Redis
-(``worker.backend.redis_state.state_url``).
+(``worker.backend.connection.state_url``).
 """
 
 from __future__ import annotations

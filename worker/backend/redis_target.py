@@ -1,6 +1,6 @@
 """What a ``[redis] url`` names: a standalone Redis, a Redis Cluster or a Sentinel-managed master.
 
-Pure: parsing only; :func:`worker.backend.redis_state.connect` builds the client. The forms
+Pure: parsing only; :func:`worker.backend.connection.connect` builds the client. The forms
 (docs/configuration.md#redis):
 
 - ``redis://``, ``rediss://``, ``unix://``: one Redis, as redis-py reads the URL;

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from worker.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REJECTED, stderr_json
+from worker.cli.mcp import add_mcp_command
 from worker.cli.offline import (
     _positive_int,
     cmd_compact,
@@ -63,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     _add_offline_commands(sub, common)
-    _add_service_commands(sub, common)
+    _add_client_commands(sub, common)
+    _add_run_commands(sub, common)
+    add_mcp_command(sub)
     return parser
 
 
@@ -119,8 +122,8 @@ def _add_offline_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     moving.set_defaults(func=cmd_transcripts_migrate)
 
 
-def _add_service_commands(sub: Any, common: argparse.ArgumentParser) -> None:
-    """The commands that talk to a running service, or run it."""
+def _add_client_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The commands that talk to a running service: one request (or a stream) each."""
     one_shot = argparse.ArgumentParser(add_help=False, parents=[common])
     one_shot.add_argument(
         "-v",
@@ -128,14 +131,6 @@ def _add_service_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="say on stderr which Redis and broker are used (always on a terminal)",
     )
-    no_auth = argparse.ArgumentParser(add_help=False)
-    no_auth.add_argument(
-        "--no-auth",
-        action="store_true",
-        help="serve /v1 without API keys, every request as one tenant (loudly said at start); "
-        "without keys and without this, serving is refused",
-    )
-
     p = sub.add_parser("submit", parents=[one_shot], help="enqueue snapshots and return at once")
     p.add_argument("snapshots", nargs="+", help="snapshot JSON files (- for stdin)")
     p.set_defaults(func=cmd_submit)
@@ -181,6 +176,34 @@ def _add_service_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--full", action="store_true", help="every line of every message")
     p.set_defaults(func=cmd_show)
 
+    p = sub.add_parser(
+        "status",
+        parents=[one_shot],
+        help="queues, workers (per kind), counters, events; exit 1 when a worker kind is missing",
+    )
+    p.add_argument("--recent", type=int, default=10)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("metrics", parents=[one_shot], help="Prometheus metrics (print or serve)")
+    p.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics on HOST:PORT")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind with --serve (default 127.0.0.1; 0.0.0.0 in a container)",
+    )
+    p.set_defaults(func=cmd_metrics)
+
+
+def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The commands that run the service, or part of it, in the foreground."""
+    no_auth = argparse.ArgumentParser(add_help=False)
+    no_auth.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve /v1 without API keys, every request as one tenant (loudly said at start); "
+        "without keys and without this, serving is refused",
+    )
+
     p = sub.add_parser("worker", parents=[common], help="run a worker (celery -A worker worker)")
     p.add_argument("--queues", help="comma-separated (default: all three)")
     p.add_argument("--pool", choices=["prefork", "threads", "solo"])
@@ -223,28 +246,11 @@ def _add_service_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser(
-        "status",
-        parents=[one_shot],
-        help="queues, workers (per kind), counters, events; exit 1 when a worker kind is missing",
-    )
-    p.add_argument("--recent", type=int, default=10)
-    p.set_defaults(func=cmd_status)
-
-    p = sub.add_parser(
         "serve", parents=[common, no_auth], help="the HTTP API and the proxy (uvicorn)"
     )
     p.add_argument("--host", help="address to bind (default [http] host: 127.0.0.1)")
     p.add_argument("--port", type=int, help="TCP port (default [http] port: 8080; 0: a free one)")
     p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser("metrics", parents=[one_shot], help="Prometheus metrics (print or serve)")
-    p.add_argument("--serve", type=int, metavar="PORT", help="serve /metrics on HOST:PORT")
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind with --serve (default 127.0.0.1; 0.0.0.0 in a container)",
-    )
-    p.set_defaults(func=cmd_metrics)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from worker.config import (
+    DEFAULT_CONFIG_PATH,
     Settings,
+    config_path,
     configured_broker_url,
     load_settings,
     mask_url,
+    redis_url,
 )
 from worker.errors import (
     InvalidSnapshot,
@@ -50,8 +53,8 @@ def redis_in_use(settings: Settings) -> dict[str, Any]:
     """Which Redis holds the state and where the task messages travel, passwords masked, and
     where each URL came from (``COMPACTOR_REDIS_URL``, the config file, the built-in default,
     the embedded Redis of ``up``)."""
+    from worker.backend.connection import state_url
     from worker.backend.queues import broker_url
-    from worker.backend.redis_state import state_url
 
     doc: dict[str, Any] = {"redis": mask_url(state_url(settings))}
     doc["redis_from"] = where_from(settings, "redis.url")
@@ -61,6 +64,32 @@ def redis_in_use(settings: Settings) -> dict[str, Any]:
     else:
         doc["broker_from"] = where_from(settings, "broker.url")
     return doc
+
+
+def unset_redis_url(settings: Settings, config: str | None) -> dict[str, Any] | None:
+    """When no Redis URL is set (``COMPACTOR_REDIS_URL`` nor ``[redis] url``), a warning that
+    says so, where it looked, and which Redis is used instead; None when one is set. A command
+    that finds no worker or no Redis then says why before it says what it found."""
+    from worker.backend.redis_target import DEFAULT_REDIS_URL
+
+    if redis_url(settings) is not None:
+        return None
+    variable = os.environ.get("COMPACTOR_REDIS_URL")
+    looked = [f"COMPACTOR_REDIS_URL is {'set to ' + repr(variable) if variable else 'not set'}"]
+    file = config_path(config, os.environ)
+    if file is None:
+        looked.append(
+            f"no config file: no --config, COMPACTOR_CONFIG is not set and there is no "
+            f"{DEFAULT_CONFIG_PATH} in {Path.cwd()}"
+        )
+    else:
+        looked.append(f"{file.absolute()} sets no [redis] url")
+    return {
+        "warning": "redis_url_unset",
+        "message": f"no Redis URL is set ({'; '.join(looked)}): using the built-in default "
+        f"{DEFAULT_REDIS_URL}. Set COMPACTOR_REDIS_URL to the Redis `compactor up` printed",
+        "looked_at": looked,
+    }
 
 
 def stderr_json(doc: dict[str, Any]) -> None:

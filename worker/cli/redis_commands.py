@@ -8,7 +8,14 @@ import json
 import sys
 from typing import Any
 
-from worker.cli.common import say_start, say_start_if_asked, settings_of
+from worker.cli.common import (
+    say_start,
+    say_start_if_asked,
+    settings_of,
+    stderr_json,
+    unset_redis_url,
+    where_from,
+)
 from worker.config import (
     mask_url,
 )
@@ -109,12 +116,16 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from worker.backend.connection import connect, state_url
     from worker.backend.queues import broker_kind, broker_url, queue_lengths
-    from worker.backend.redis_state import RedisState, connect, state_url
+    from worker.backend.redis_state import RedisState
     from worker.runtime.celery_app import QUEUES, make_app
 
     settings = settings_of(args)
     say_start_if_asked("status", settings, args)
+    unset = unset_redis_url(settings, args.config)
+    if unset is not None:  # before anything it finds (or fails to reach) there
+        stderr_json(unset)
     state = RedisState(connect(state_url(settings)), settings.redis)
     app = make_app(settings)
     try:
@@ -128,6 +139,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         missing = sorted(kind for kind, nodes in kinds.items() if not nodes)
         doc = {
             "redis": mask_url(state_url(settings)),
+            "redis_from": where_from(settings, "redis.url"),
             "broker": mask_url(broker_url(settings)),
             "broker_kind": broker_kind(broker_url(settings)),
             "queues": queues,
@@ -176,8 +188,9 @@ def cost_totals(counters: dict[str, float]) -> dict[str, Any]:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
+    from worker.backend.connection import connect, state_url
     from worker.backend.queues import broker_url, queue_lengths
-    from worker.backend.redis_state import RedisState, connect, state_url
+    from worker.backend.redis_state import RedisState
     from worker.ops.metrics import render_prometheus, serve
 
     settings = settings_of(args)

@@ -11,10 +11,11 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from worker.backend.embedded import port_in_use, port_taken
 from worker.cli.common import (
@@ -22,6 +23,7 @@ from worker.cli.common import (
     auth_in_use,
     say_start,
     settings_of,
+    stderr_json,
 )
 from worker.cli.demo import conversation_totals, describe_event
 from worker.config import (
@@ -31,6 +33,7 @@ from worker.config import (
     with_redis_url,
 )
 from worker.errors import (
+    CompactorError,
     InvalidSnapshot,
     UsageError,
 )
@@ -82,6 +85,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signal: int | None = None  # the first signal that asked
 
     def __call__(self) -> bool:
         """Whether a stop was requested."""
@@ -89,15 +93,30 @@ class StopRequest:
 
     def _note(self, signum: int, frame: Any) -> None:
         self.requested = True
+        self.signal = self.signal or signum
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._note)
         signal.signal(signal.SIGINT, self._note)
 
-    def sleep(self) -> None:
-        """Until a stop is requested."""
+    def sleep(self, *, alive: Callable[[], bool] = lambda: True, every_s: float = 1.0) -> bool:
+        """Until a stop is requested (True), or ``alive()`` said False twice in a row, checked
+        every ``every_s`` (False)."""
+        missed, next_check = 0, time.monotonic() + every_s
         while not self.requested:
+            if time.monotonic() >= next_check:
+                missed = 0 if alive() else missed + 1
+                if missed >= 2:
+                    return False
+                next_check = time.monotonic() + every_s
             time.sleep(0.2)
+        return True
+
+    def reason(self) -> str:
+        """What asked to stop, for a person: Ctrl-C or the signal's name."""
+        if self.signal == signal.SIGINT:
+            return "Ctrl-C (SIGINT)"
+        return signal.Signals(self.signal).name if self.signal else "a stop request"
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -112,34 +131,116 @@ def cmd_up(args: argparse.Namespace) -> int:
     if embedded and args.redis_port and port_in_use("127.0.0.1", args.redis_port):
         raise port_taken("127.0.0.1", args.redis_port, what=f"--redis-port {args.redis_port}")
     snapshots = [_snapshot_to_submit(path, settings) for path in args.submit or []]
-    with (
-        _workdir(args.workdir) as workdir,
-        running_services(
-            settings,
-            args.config,
-            workdir=workdir,
-            redis_port=args.redis_port,
-            http_port=args.http_port,
-            http_no_auth=args.no_auth,
-        ) as url,
-    ):
-        used = with_redis_url(settings, url, origin="embedded") if embedded else settings
-        say_start("up", used, **auth)
-        where = {"redis": mask_url(url), "logs": str(workdir / "logs")}
-        print(json.dumps(where | {"removed_at_exit": args.workdir is None}), flush=True)
-        ready = wait_for_workers(url, settings, expected=2, timeout_s=60, stop=stop)
+    ending = Ending(stop)
+    try:
+        with (
+            _workdir(args.workdir) as workdir,
+            running_services(
+                settings,
+                args.config,
+                workdir=workdir,
+                redis_port=args.redis_port,
+                http_port=args.http_port,
+                http_no_auth=args.no_auth,
+            ) as url,
+        ):
+            ending.started(embedded, http=args.http_port is not None, temporary=not args.workdir)
+            used = with_redis_url(settings, url, origin="embedded") if embedded else settings
+            say_start("up", used, **auth)
+            where = {"redis": mask_url(url), "logs": str(workdir / "logs")}
+            print(json.dumps(where | {"removed_at_exit": args.workdir is None}), flush=True)
+            return _run_until_stopped(args, settings, url, snapshots, stop, ending, embedded)
+    except CompactorError as exc:
+        ending.failed(exc)
+        raise
+    finally:
+        ending.say()
+
+
+def _run_until_stopped(
+    args: argparse.Namespace,
+    settings: Settings,
+    url: str,
+    snapshots: list[tuple[str, str, bytes]],
+    stop: StopRequest,
+    ending: Ending,
+    embedded: bool,
+) -> int:
+    """Wait for the workers, submit ``--submit``'s snapshots, and wait for what ends ``up``:
+    a stop request, ``--until-done``, or (embedded) its Redis gone. ``ending`` notes which."""
+    ready = wait_for_workers(url, settings, expected=2, timeout_s=60, stop=stop)
+    if stop():
+        return ending.signalled()
+    if not ready:
+        print(json.dumps({"error": "workers did not start; see the logs"}), file=sys.stderr)
+        return ending.because("workers_not_ready", "the workers did not answer within 60 s", 1)
+    print(json.dumps({"status": "workers ready"}), flush=True)
+    if snapshots:
+        code = _submit_and_follow(settings, url, snapshots, timeout_s=args.timeout, stop=stop)
         if stop():
-            return EXIT_INTERRUPTED
-        if not ready:
-            print(json.dumps({"error": "workers did not start; see the logs"}), file=sys.stderr)
-            return 1
-        print(json.dumps({"status": "workers ready"}), flush=True)
-        if snapshots:
-            code = _submit_and_follow(settings, url, snapshots, timeout_s=args.timeout, stop=stop)
-            if args.until_done or stop():
-                return code
-        stop.sleep()
-    return 0
+            return ending.signalled()
+        if args.until_done:
+            if code == 0:
+                return ending.because(
+                    "until_done", "--until-done: every submitted snapshot has its outcome", 0
+                )
+            return ending.because(
+                "until_done", f"--until-done: not every outcome came within {args.timeout:g} s", 1
+            )
+    if stop.sleep(alive=_listening(url) if embedded else lambda: True):
+        return ending.signalled(0)
+    return ending.because(
+        "redis_exited", "its embedded Redis exited (nothing answers on its port)", 1
+    )
+
+
+def _listening(url: str) -> Callable[[], bool]:
+    """Whether something still listens on the port of ``url`` (the embedded Redis)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    return lambda: port_in_use(host, port)
+
+
+class Ending:
+    """Why ``up`` ends, said in one JSON line on stderr once everything it started is stopped
+    (:meth:`say`): the stop request (Ctrl-C, SIGTERM), ``--until-done``, its embedded Redis
+    gone, workers that never answered, or an error."""
+
+    def __init__(self, stop: StopRequest) -> None:
+        self.stop = stop
+        self.what: list[str] | None = None  # what was started; None: nothing was
+        self.removed: str | None = None
+        self.reason, self.message, self.code = "error", "an error (the line after this)", 1
+
+    def started(self, embedded: bool, *, http: bool, temporary: bool) -> None:
+        self.what = ["the evaluate and summarize workers", "the scheduler"]
+        if http:
+            self.what.append("compactor serve")
+        if embedded:
+            self.what.append("the embedded Redis")
+        if temporary:
+            self.removed = "its temporary directory"
+
+    def because(self, reason: str, message: str, code: int) -> int:
+        self.reason, self.message, self.code = reason, message, code
+        return code
+
+    def signalled(self, code: int = EXIT_INTERRUPTED) -> int:
+        """Stopped by a signal: 130 (interrupted) while starting or following ``--submit``,
+        ``code`` once it was running (0: the way a service is stopped)."""
+        return self.because("signal", self.stop.reason(), code)
+
+    def failed(self, exc: CompactorError) -> None:
+        self.because("error", f"{exc.code}: {exc.message}", 1)
+
+    def say(self) -> None:
+        if self.what is None:
+            return  # refused before anything started: the error line says why
+        stopped = ", ".join(self.what[:-1]) + " and " + self.what[-1]
+        if self.removed:
+            stopped += f"; {self.removed} is removed"
+        doc = {"stopped": "compactor up", "reason": self.reason, "exit_code": self.code}
+        stderr_json(doc | {"message": f"{self.message}: stopped {stopped}"})
 
 
 def _snapshot_to_submit(path: str, settings: Settings) -> tuple[str, str, bytes]:

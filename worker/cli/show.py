@@ -13,6 +13,7 @@ write the clipboard or hide what follows.
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import os
 import shutil
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from worker.backend import keys
 from worker.cli.common import say_start_if_asked, settings_of
 from worker.cli.demo import describe_event
 from worker.core.inspection import CompactionView, compaction_view
@@ -88,6 +90,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     client = Client(settings)
     try:
         entries = _all_events(client, args.conversation_id)
+        if not entries:  # no such conversation: which ones it may have meant
+            raise _unknown(
+                args.conversation_id, suggestions(client.state.client, args.conversation_id)
+            )
         chosen = _choose(entries, args.conversation_id, args.revision)
         if not isinstance(chosen[1], CompletedEvent):
             print(visible(describe_event(chosen[1])))  # a skip, a failure: what happened
@@ -113,6 +119,79 @@ def _all_events(client: Any, conversation_id: str) -> list[tuple[str, dict[str, 
             return out
         after = batch[-1][0]
         out += [(sid, doc) for sid, doc in batch if doc is not None]
+
+
+MAX_TENANTS = 100  # tenant indexes looked at for a suggestion
+MAX_SUGGESTIONS = 10
+NEWEST_COMPARED = 1000  # of each tenant's conversations, for an id that is near, not equal
+
+
+def suggestions(redis_client: Any, conversation_id: str) -> list[str]:
+    """The conversations ``conversation_id`` (which has no events) may mean, at most
+    :data:`MAX_SUGGESTIONS`, tenant by tenant: the same id under a tenant's prefix (what
+    ``compactor serve`` and a client that prefixes its ids store: ``TENANT:ID``), or without
+    its prefix or under another tenant's; when none is, the ids nearest it among each tenant's
+    :data:`NEWEST_COMPARED` most recent. At most :data:`MAX_TENANTS` tenants are looked at."""
+    from worker.backend.connection import redis_errors
+
+    tenant, colon, rest = conversation_id.partition(":")
+    bare = rest if colon else conversation_id
+    with redis_errors("looking for the conversations it may mean"):
+        tenants = _tenants(redis_client)
+        same = [f"{t}:{bare}" for t in tenants if f"{t}:{bare}" != conversation_id]
+        found = _indexed(redis_client, same)
+        if colon and redis_client.exists(keys.events(bare), keys.latest(bare)):
+            found.insert(0, bare)
+        if not found:
+            within = [tenant] if colon and tenant in tenants else tenants
+            found = _nearest(redis_client, within, bare)
+    return found[:MAX_SUGGESTIONS]
+
+
+def _tenants(redis_client: Any) -> list[str]:
+    """The tenants with a conversation index (``cw:tenant:T:conversations``), sorted."""
+    head, _, tail = keys.tenant_conversations("*").partition("*")
+    found = itertools.islice(
+        redis_client.scan_iter(match=f"{head}*{tail}", count=1000, _type="zset"), MAX_TENANTS
+    )
+    return sorted({_text(key)[len(head) : -len(tail)] for key in found})
+
+
+def _indexed(redis_client: Any, candidates: list[str]) -> list[str]:
+    """Those of ``candidates`` (``TENANT:ID``) their tenant's index holds."""
+    pipe = redis_client.pipeline(transaction=False)
+    for candidate in candidates:
+        pipe.zscore(keys.tenant_conversations(candidate.partition(":")[0]), candidate)
+    return [c for c, score in zip(candidates, pipe.execute(), strict=True) if score is not None]
+
+
+def _nearest(redis_client: Any, tenants: list[str], bare: str) -> list[str]:
+    """The ids of ``tenants`` whose part after the prefix is nearest ``bare`` (a typo)."""
+    by_rest: dict[str, str] = {}
+    for tenant in tenants:
+        newest = redis_client.zrevrange(keys.tenant_conversations(tenant), 0, NEWEST_COMPARED - 1)
+        for member in map(_text, newest):
+            by_rest.setdefault(member.partition(":")[2], member)
+    near = difflib.get_close_matches(bare, list(by_rest), n=MAX_SUGGESTIONS, cutoff=0.75)
+    return [by_rest[rest] for rest in near]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _unknown(conversation_id: str, meant: list[str]) -> UsageError:
+    """No event of ``conversation_id`` at all: say so, and which ids it may mean."""
+    if not meant:
+        return UsageError(
+            f"no conversation {conversation_id!r} has events, and no conversation of a tenant "
+            "has an id like it (compactor events ID lists a conversation's events)"
+        )
+    listed = ", ".join(meant)
+    return UsageError(
+        f"no conversation {conversation_id!r} has events; did you mean {listed}? (conversations "
+        "submitted through compactor serve, or with a tenant prefix, are named TENANT:ID)"
+    )
 
 
 def _choose(

@@ -56,7 +56,8 @@ __all__ = [
 
 # Bumped whenever any codec's output changes for some input: a worker caches compressed bodies
 # under this version, and a conversation's memo written by workers of another version (a rolling
-# deploy) is not taken. tests/test_compress_version.py fails when outputs change without a bump.
+# deploy) is not taken. tests/unit/test_compress_version.py fails when outputs change without a
+# bump.
 CODECS_VERSION = 1
 
 

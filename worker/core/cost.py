@@ -287,3 +287,27 @@ def ceiling_tokens(threshold: int, context_window: int | None, config: Compactio
     if context_window is not None:
         return max(threshold, context_window * config.cost_ceiling_percent // 100)
     return threshold * 5 // 4
+
+
+def recosted(cost: Cost, tokens_after: int) -> Cost:
+    """``cost`` (docs/cost.md) as it would be had the compaction left ``tokens_after`` tokens:
+    the saving per turn, the cache write, the break-even and the net gain again, at the same
+    prices and cache state; the summary call stays what it cost (it was made)."""
+    saved = max(cost.tokens_before - tokens_after, 0)
+    tokens = {"tokens_after": tokens_after, "saved_tokens_per_turn": saved}
+    tokens["cache_write_tokens"] = tokens_after
+    p, spent_summary, write = cost.prices, cost.summary_usd, cost.cache_write_usd
+    if not cost.priced or p is None or spent_summary is None or write is None:
+        return cost.model_copy(update=tokens)
+    per_token = (p.cached_input if cost.cache_warm is not False else p.cache_write) / PER_MILLION
+    saving = saved * per_token
+    cache_write = write + (tokens_after - cost.tokens_after) * p.cache_write / PER_MILLION
+    spent = spent_summary + cache_write
+    even = 0 if spent <= 0 else None if saving <= 0 else math.ceil(spent / saving)
+    money = {
+        "cache_write_usd": round(cache_write, 8),
+        "saving_per_turn_usd": round(saving, 8),
+        "break_even_turns": even,
+        "expected_net_usd": round(saving * cost.horizon_turns - spent, 8),
+    }
+    return cost.model_copy(update=tokens | money)

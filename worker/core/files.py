@@ -516,6 +516,33 @@ def lines_holding(text: str, pattern: re.Pattern[str]) -> Iterator[str]:
         match = pattern.search(text, done)
 
 
+# What a listing may be piped through and still print only file names.
+_LISTING_FILTERS = {"head", "tail", "grep", "sort", "wc", "cut", "less", "more", "cd", "pwd"}
+_LISTER_WORD = re.compile(r"(?<![\w.-])(?:ls|tree|du|dir|find)(?![\w.-])")
+_FIND_ACTIONS = {"-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fls"}
+
+
+def only_lists(tool: str, arguments: str) -> bool:
+    """Whether a call does nothing but list directories (``ls -R``, ``find . -name '*.py' |
+    head``, a glob or list tool): what it prints are names of files, not code it read."""
+    value = parse_arguments(arguments)
+    if not _is_shell(tool.lower()):
+        return _tool_kind(tool, value if isinstance(value, dict) else {}) == "listed"
+    command = _shell_command(arguments, value)
+    # Most commands name no lister at all: only the others are parsed.
+    if command is None or "<<" in command or not _LISTER_WORD.search(command):
+        return False
+    listing = False
+    for words, _ in _simple_commands(_words(command)):
+        program, args = _program(words)
+        program = program.rsplit("/", 1)[-1]
+        if program in _LISTERS or (program == "find" and not _FIND_ACTIONS & set(args)):
+            listing = True
+        elif program not in _LISTING_FILTERS:
+            return False
+    return listing
+
+
 def parse_arguments(arguments: str) -> Any:
     """A call's JSON arguments, parsed (None when they are not JSON): pass them to
     :func:`file_uses` when the caller reads them too, so that they are parsed once."""
@@ -579,23 +606,36 @@ def _refused(head: str) -> bool:
 def _raw_uses(tool: str, arguments: str, value: Any, output: str) -> list[tuple[str, FileKind]]:
     """The paths of a call's arguments and command, not yet checked against its output."""
     name = tool.lower()
+    command = _shell_command(arguments, value)
     if isinstance(value, dict):
         raw = _argument_paths(tool, value)
-        command = value.get("command", value.get("cmd"))
-        if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
-            command = command[-1] if command[0] in ("bash", "sh", "zsh") else shlex.join(command)
-        shell = name in _SHELL_TOOLS or "shell" in name or "bash" in name
-        if isinstance(command, str) and (shell or (command and " " in command)):
+        if command is not None and (_is_shell(name) or (command and " " in command)):
             raw.extend(shell_file_uses(command, output))
         patch = value.get("input", value.get("patch"))
         if isinstance(patch, str):
             raw.extend(_patch_uses(patch))
         return raw
-    if isinstance(value, str) and name in _SHELL_TOOLS:
-        return shell_file_uses(value, output)
-    if value is None and arguments and name in _SHELL_TOOLS:
-        return shell_file_uses(arguments, output)
+    if command and name in _SHELL_TOOLS:
+        return shell_file_uses(command, output)
     return []
+
+
+def _is_shell(name: str) -> bool:
+    """Whether a tool (its lower-cased name) runs the shell commands it is given."""
+    return name in _SHELL_TOOLS or "shell" in name or "bash" in name
+
+
+def _shell_command(arguments: str, value: Any) -> str | None:
+    """The command a call's arguments hold: their ``command`` (or ``cmd``; an argv list as the
+    shell would run it), a JSON string, or arguments that are no JSON at all."""
+    if isinstance(value, dict):
+        command = value.get("command", value.get("cmd"))
+        if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
+            command = command[-1] if command[0] in ("bash", "sh", "zsh") else shlex.join(command)
+        return command if isinstance(command, str) else None
+    if isinstance(value, str):
+        return value
+    return arguments if value is None else None
 
 
 def _argument_paths(tool: str, value: dict[str, Any]) -> list[tuple[str, FileKind]]:

@@ -14,6 +14,11 @@ in mixedCase (``getValue``), in CamelCase with two capitals (``QuerySet``) or in
 with ``_`` (``INSTALLED_APPS``); and a plain name where code defines or calls it (``class
 Meta``, ``def configure``, ``settings.configure(``). Python keywords, builtins, dunders and
 names under three characters are never names worth a token.
+
+A token that looks random is no name: a secret's shape (a base64-wrapped key, an account key,
+a token's body, a password) or a hash in a path. Each run of base64 characters is judged by
+:func:`worker.core.redaction.looks_random` whole (a run across ``+`` and ``=``, which cut
+tokens, too: a key is judged whole, not piece by piece), and no name of a random run is listed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 
 from worker.core.facts import argument_strings
 from worker.core.last_answer import LastAnswer
+from worker.core.redaction import MIN_RANDOM_CHARS, looks_random
 from worker.wire.models import Message
 
 # Where a name was seen, best first: the agent's own calls, its text, a user, a tool's output.
@@ -43,6 +49,9 @@ _DEFINED_NAME = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)")
 # ``str.translate``) cut a text into tokens; only the distinct tokens are looked at in Python.
 _TOKEN_CHARS = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./~-("
 _SEPARATE = bytes(c if c in _TOKEN_CHARS else 32 for c in range(256))
+# A string literal's escapes, as a script passed in a command holds them: they end a token.
+_ESCAPES = ("\\n", "\\t", "\\r")
+_ESCAPE_BYTES = tuple(escape.encode() for escape in _ESCAPES)
 # A token that holds no name: after a flag's dashes, a slash or a parenthesis, a number, a word
 # (digits allowed), an acronym or a capitalized word, then a sentence's full stops.
 _PLAIN_SHAPE = (
@@ -52,6 +61,14 @@ _PLAIN_SHAPE = (
 _PLAIN = re.compile(_PLAIN_SHAPE)
 _NOT_PLAIN = re.compile(rb"^(?!" + _PLAIN_SHAPE + rb"$).+$", re.MULTILINE)
 _EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,5}$")
+# Runs of base64 characters long enough to be judged random: inside a token, and (``+`` and
+# ``=`` cut tokens) across tokens, only where a run starts and only those holding a cut.
+_BASE64_RUNS = re.compile(rf"[A-Za-z0-9/_-]{{{MIN_RANDOM_CHARS},}}")
+_RUNS_ACROSS_CUTS = re.compile(
+    rb"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+/=_-]{%d})[A-Za-z0-9/_-]*+[+=][A-Za-z0-9+/=_-]*+"
+    % MIN_RANDOM_CHARS
+)
+_CUTS = re.compile(rb"[+=]+")
 # Extensions that name a file; a dotted name ending in one is a path, not an attribute chain.
 _FILE_EXTENSIONS = frozenset(
     extension
@@ -98,7 +115,8 @@ def code_names(messages: list[Message]) -> list[CodeName]:
 
 def _code_names(messages: list[Message]) -> list[CodeName]:
     found: dict[str, CodeName] = {}
-    known: dict[bytes, tuple[str, ...]] = {}  # each distinct token's names, over all tiers
+    # Each distinct token's names, over all tiers: none for the pieces of random runs.
+    known: dict[bytes, tuple[str, ...]] = dict.fromkeys(_random_pieces(_texts(messages)), ())
     # One pass per tier over its texts joined: the C-level tokenizing and counting then carry
     # the work, and Python only looks into the few distinct tokens shaped like code.
     by_tier: dict[int, list[str]] = {}
@@ -121,6 +139,24 @@ def _code_names(messages: list[Message]) -> list[CodeName]:
     return sorted(found.values(), key=CodeName.rank)
 
 
+def _random_pieces(texts: Iterable[tuple[int, str]]) -> set[bytes]:
+    """The tokens of the runs of base64 characters that cross a ``+`` or ``=`` (tokens end
+    there) and look random: a key is judged whole, and none of its pieces is a name."""
+    runs = {
+        run
+        for _tier, text in texts
+        if "+" in text or "=" in text
+        for run in _RUNS_ACROSS_CUTS.findall(text.encode("utf-8", "replace"))
+    }
+    return {
+        piece
+        for run in runs
+        if looks_random(run.decode("ascii"))
+        for piece in _CUTS.split(run)
+        if piece
+    }
+
+
 def _shaped(tokens: Iterable[bytes]) -> list[bytes]:
     """The tokens that may hold a name: all but words, numbers, capitalized words and acronyms
     (most tokens), told apart by one regex over them all rather than a call each."""
@@ -141,11 +177,26 @@ def _seen(found: dict[str, CodeName], name: str, tier: int, count: int, position
 def names_in(text: str) -> list[str]:
     """The code names of one text, in order, repeats included (the names a class or function
     definition gives, last)."""
-    return [n for token in _tokens(text) for n in _names_of_token(token)] + _defined(text)
+    random = _random_pieces([(TEXT, text)])
+    names = [n for token in _tokens(text) if token not in random for n in _names_of_token(token)]
+    return names + _defined(text)
 
 
 def _tokens(text: str) -> list[bytes]:
-    return text.encode("utf-8", "replace").translate(_SEPARATE).split()
+    data = text.encode("utf-8", "replace")
+    if b"\\" in data:
+        # A string literal's escape ends a token: ``print("\nFAILED: x")`` shows ``FAILED``,
+        # not a name ``nFAILED``.
+        for escape in _ESCAPE_BYTES:
+            data = data.replace(escape, b"  ")
+    return data.translate(_SEPARATE).split()
+
+
+def _starts_word(text: str, at: int) -> bool:
+    """Whether a word starts at ``at``: after no name character, or after an escape (``\\n``
+    in a script passed as a string)."""
+    before = text[at - 1] if at else " "
+    return not (before.isalnum() or before == "_") or text[at - 2 : at] in _ESCAPES
 
 
 def _defined(text: str) -> list[str]:
@@ -156,7 +207,7 @@ def _defined(text: str) -> list[str]:
         at = text.find(defining)
         while at != -1:
             match = _DEFINED_NAME.match(text, at + len(defining))
-            if match and (at == 0 or not (text[at - 1].isalnum() or text[at - 1] == "_")):
+            if match and _starts_word(text, at):
                 name = match.group(1)
                 if _plain(name) and not _is_name(name):
                     names.append(name)
@@ -172,6 +223,8 @@ def _names_of_token(token: bytes) -> tuple[str, ...]:
 
 
 def _token_names(token: str) -> tuple[str, ...]:
+    if len(token) >= MIN_RANDOM_CHARS and any(map(looks_random, _BASE64_RUNS.findall(token))):
+        return ()  # a run in it looks random: a secret's shape or a hash, no name
     if "(" not in token:
         return _piece_names(token, called=False)
     pieces = token.split("(")
@@ -189,12 +242,12 @@ def _piece_names(piece: str, *, called: bool) -> tuple[str, ...]:
         return ()
     if "/" in piece:
         path = piece.rstrip("/")
-        if _is_path(path):
+        if is_path(path):
             return (path,)
         return tuple(n for part in piece.split("/") for n in _piece_names(part, called=False))
     if "." in piece:
         extension = piece.rpartition(".")[2]
-        if extension.lower() in _FILE_EXTENSIONS and _is_path(piece):
+        if extension.lower() in _FILE_EXTENSIONS and is_path(piece):
             return (piece,)
         parts = piece.strip(".").split(".")
         dotted = ".".join(parts)
@@ -227,7 +280,8 @@ def _texts(messages: Iterable[Message]) -> Iterator[tuple[int, str]]:
             yield USER, m.content
 
 
-def _is_path(text: str) -> bool:
+def is_path(text: str) -> bool:
+    """Whether ``text`` is shaped as a path or a file name (``a/b``, ``setup.cfg``)."""
     if not MIN_NAME <= len(text) <= MAX_NAME_CHARS or "//" in text or text.startswith("@"):
         return False
     if "/" in text.strip("/"):
@@ -281,13 +335,42 @@ def shown_by(name: str) -> set[str]:
         for j in range(i + 1, len(segments) + 1)
     }
     for segment in segments:
-        parts = segment.split(".")
-        shown.update(
-            ".".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)
-        )
+        shown.update(_dotted_runs(segment))
     shown.discard(name)
     shown.discard("")
     return shown
+
+
+def names_shown(messages: Iterable[Message]) -> set[str]:
+    """Every code name the messages' text and calls show whole: the names they hold, and in
+    each the shorter names a reader sees whole in it (every run of a dotted name's parts, the
+    tails of a path: ``a/b/c.py`` shows ``b/c.py``, not the directory ``a/b``). A summary that
+    sits beside these messages need not list them. Tool outputs are not read: an older one may
+    be elided later, and a name only it showed would be gone."""
+    shown: set[str] = set()
+    for tier, text in _texts(messages):
+        if tier == OUTPUT:
+            continue
+        for name in names_in(text):
+            shown.add(name)
+            shown.update(_seen_whole_in(name))
+    return shown
+
+
+def _seen_whole_in(name: str) -> Iterator[str]:
+    if is_path(name):
+        segments = name.strip("/").split("/")
+        yield from ("/".join(segments[i:]) for i in range(1, len(segments)))
+    elif "." in name:
+        yield from _dotted_runs(name)
+
+
+def _dotted_runs(text: str) -> Iterator[str]:
+    """Every run of ``text``'s dotted parts (``a.b.c``: ``a``, ``a.b``, ``b.c``, ...)."""
+    parts = text.split(".")
+    for i in range(len(parts)):
+        for j in range(i + 1, len(parts) + 1):
+            yield ".".join(parts[i:j])
 
 
 # After the function it reuses the answers of.

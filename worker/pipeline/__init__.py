@@ -7,13 +7,19 @@ the steps it owns itself (the lock, the lease, re-runs and publishing). Nothing 
 environment or talks to Redis; the outside world comes in as :class:`Adapters`, and what the
 process keeps between snapshots as its :class:`~worker.reuse.Reuse`.
 
-One module per step, each over the snapshot's :class:`SnapshotContext` (``context.py``: the
-parsed snapshot with its tokenizer, projection policy and media rules, built once):
-``evaluation.py`` (project, count, the threshold), ``memo.py`` (the same with the
-conversation's stored memo), ``preparation.py`` (the range and what is carried),
-``summary.py`` (the summary per mode, checked), ``reduction.py`` (under a ``[compaction]
-reduction`` strategy: the range reduced and described instead of summarized), ``describe.py``
-(the event's compaction and the transcript); ``orchestrator.py`` runs them in order.
+One module per step, named after it, each over the snapshot's :class:`SnapshotContext`
+(``context.py``: the parsed snapshot with its tokenizer, projection policy and media rules,
+built once): ``evaluate.py`` (project, count, the threshold), ``memo.py`` (the same with the
+conversation's stored memo), ``prepare.py`` (the range and what is carried), ``summarize.py``
+(the summary per mode, checked), ``reduce.py`` (under a ``[compaction] reduction`` strategy:
+the range reduced and described instead of summarized), ``describe.py`` (the event's
+compaction and the transcript), ``cost.py`` (the compaction's cost, estimated and measured);
+``orchestrator.py`` runs them in order.
+
+The step functions named like their modules (``evaluate``, ``prepare``, ``summarize``) are
+imported from their modules (``from worker.pipeline.evaluate import evaluate``): re-exported
+here they would hide the modules themselves (``import worker.pipeline.evaluate as m`` would
+give the function).
 """
 
 from worker.pipeline.context import SnapshotContext, snapshot_context, tokenizer_of
@@ -24,11 +30,10 @@ from worker.pipeline.describe import (
     tokens_of,
     transcript_payload,
 )
-from worker.pipeline.evaluation import Evaluation, UsagePrefix, evaluate, take_usage
+from worker.pipeline.evaluate import Evaluation, UsagePrefix, take_usage
 from worker.pipeline.memo import MemoUpdate, StoredBlob, evaluate_with_memo
 from worker.pipeline.orchestrator import Adapters, Pipeline, Verdict
-from worker.pipeline.preparation import PreparedCompaction, prepare
-from worker.pipeline.summary import summarize
+from worker.pipeline.prepare import PreparedCompaction
 
 __all__ = [
     "SUMMARY_ID_PREFIX",
@@ -42,12 +47,9 @@ __all__ = [
     "UsagePrefix",
     "Verdict",
     "build_compaction",
-    "evaluate",
     "evaluate_with_memo",
     "history_tokens",
-    "prepare",
     "snapshot_context",
-    "summarize",
     "take_usage",
     "tokenizer_of",
     "tokens_of",

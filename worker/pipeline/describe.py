@@ -10,8 +10,8 @@ from worker.core import provenance
 from worker.core.projection import CompressionCache, count_request_tokens, project
 from worker.core.redaction import redact_json
 from worker.pipeline.context import SnapshotContext
-from worker.pipeline.evaluation import Evaluation
-from worker.pipeline.preparation import PreparedCompaction
+from worker.pipeline.evaluate import Evaluation
+from worker.pipeline.prepare import PreparedCompaction
 from worker.tokens import Tokenizer, counted_by
 from worker.wire import formats
 from worker.wire.events import Compaction, Summary

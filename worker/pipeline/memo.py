@@ -9,7 +9,7 @@ from typing import Any
 from worker.cache import ContentCache
 from worker.core.projection import COMPRESSED_CACHE, CountedProjection
 from worker.pipeline.context import SnapshotContext
-from worker.pipeline.evaluation import Evaluation, evaluate
+from worker.pipeline.evaluate import Evaluation, evaluate
 from worker.reuse import Reuse
 from worker.reuse.memo import (
     StoredMemo,

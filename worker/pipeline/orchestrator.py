@@ -14,18 +14,18 @@ from worker.core.cost import Activity, decide
 from worker.errors import CompactorError, EventMismatch, RedisUnavailable, StorageError
 from worker.ops.tracing import Telemetry
 from worker.pipeline.context import SnapshotContext, snapshot_context
-from worker.pipeline.costing import activity_of, estimated_cost, measured_cost, uses_llm
+from worker.pipeline.cost import activity_of, estimated_cost, measured_cost, uses_llm
 from worker.pipeline.describe import build_compaction, transcript_payload
-from worker.pipeline.evaluation import Evaluation, evaluate
+from worker.pipeline.evaluate import Evaluation, evaluate
 from worker.pipeline.memo import MemoUpdate, StoredBlob, evaluate_with_memo
-from worker.pipeline.preparation import (
+from worker.pipeline.prepare import (
     PlannedCompaction,
     PreparedCompaction,
     plan_compaction,
     prepare,
 )
-from worker.pipeline.reduction import PreparedReduction, build_reduction, prepare_reduction
-from worker.pipeline.summary import LLMTracing, summarize
+from worker.pipeline.reduce import PreparedReduction, build_reduction, prepare_reduction
+from worker.pipeline.summarize import LLMTracing, summarize
 from worker.reuse import Reuse
 from worker.summarize import Summarizer
 from worker.summarize.digest import DigestSummarizer

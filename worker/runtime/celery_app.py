@@ -202,7 +202,7 @@ def wake_when_ready(hub: Any) -> bool:
     the hub is reset after a lost connection) that, while callbacks are ready, sets the hub's
     own wakeup, so the poll returns at once and the next turn runs them. It reads two private
     attributes of kombu's hub (``_ready``, ``_waker``); without them (another kombu) it
-    installs nothing and returns False, and ``tests/test_event_loop.py`` fails, so an upgrade
+    installs nothing and returns False, and ``tests/unit/test_event_loop.py`` fails, so an upgrade
     cannot drop it silently. Remove it when kombu's loop polls with a zero timeout while
     callbacks are ready (that test's "kombu itself" case then fails)."""
     if not hasattr(hub, "_ready") or not hasattr(hub, "_waker"):

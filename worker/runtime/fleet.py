@@ -19,13 +19,13 @@ from worker.config import (
 def broker_errors(action: str) -> Iterator[None]:
     """Kombu raises redis-py's errors wrapped in its OperationalError (a refused password too):
     converted here, where they enter, into the error tree the same way as every other Redis
-    error (worker.backend.redis_state.redis_errors); RabbitMQ's (py-amqp's) as the client's sender
+    error (worker.backend.connection.redis_errors); RabbitMQ's (py-amqp's) as the client's sender
     converts them (worker.backend.queues.converted_broker_error)."""
     import redis
     from kombu.exceptions import OperationalError
 
+    from worker.backend.connection import redis_errors
     from worker.backend.queues import converted_broker_error
-    from worker.backend.redis_state import redis_errors
 
     with redis_errors(action):
         try:

@@ -19,13 +19,14 @@ create-only with deterministic names, events carry deterministic ids and are pub
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.backend.redis_state import RedisState, RequestedWork, Work
+from worker.backend.redis_state import LockStatus, RedisState, RequestedWork, Work
 from worker.config import Settings
 from worker.errors import InvalidSnapshot, LeaseLost, RedisUnavailable
 from worker.ops.metrics import cost_counters
@@ -64,6 +65,18 @@ Outcome = Literal[
     "duplicate",
     "lease_lost",
 ]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What :meth:`Service.holding` got: the conversation's lock with its fencing ``token``
+    and ``lost``, true once the lease lapsed meanwhile; or no token, because another worker
+    holds the lock (``status`` ``held``) or the revision asked about has an outcome already
+    (``handled``)."""
+
+    status: LockStatus
+    token: str | None
+    lost: Callable[[], bool]
 
 
 @dataclass
@@ -177,9 +190,8 @@ class Service:
     def _hand_to_summarize(self, conversation_id: str, revision: int) -> Outcome:
         """Queue the compaction; while another one runs, flag a re-run for its holder and also
         schedule ours for when its lease would lapse (in case the holder died)."""
-        wait_s = self.state.lock_ttl_s(conversation_id)
+        wait_s = self.state.defer_to_holder(conversation_id)
         if wait_s > 0:
-            self.state.request_rerun(conversation_id)
             self.enqueue_summarize(conversation_id, revision, wait_s + LOCK_RETRY_MARGIN_S)
             return "deferred"
         self.enqueue_summarize(conversation_id, revision, 0.0)
@@ -257,26 +269,59 @@ class Service:
     def _summarize(
         self, conversation_id: str, revision: int, stage: Stage, timings: dict[str, float]
     ) -> Outcome:
+        # Lease lost: not published; evaluate again (the new holder has it, or it is ours).
+        again = functools.partial(self.enqueue_evaluate, conversation_id)
+        with self.holding(conversation_id, unless_handled=revision, after_lost=again) as hold:
+            if hold.status == "handled":
+                return "superseded"
+            if hold.token is None:
+                return self._hand_to_summarize(conversation_id, revision)
+            return self._compact_locked(conversation_id, hold.token, hold.lost, stage, timings)
+        return "lease_lost"
+
+    @contextlib.contextmanager
+    def holding(
+        self,
+        conversation_id: str,
+        *,
+        unless_handled: int | None = None,
+        after_lost: Callable[[], None] | None = None,
+        during: str = "",
+        answer_requests: bool = True,
+    ) -> Iterator[Hold]:
+        """Hold the conversation while the body runs: its lock taken with a fresh fencing
+        token and its lease renewed, the one way every compaction holds a conversation.
+
+        The body gets a :class:`Hold` without a token when another worker holds the lock, or
+        ``unless_handled`` has an outcome already: then nothing else happens here. Otherwise
+        a :class:`LeaseLost` raised by the body (it may not publish) is logged, counted and
+        answered with ``after_lost``, and goes no further: the code after the ``with`` block
+        runs. Whatever the body does, the lock is released, then a re-run flagged meanwhile
+        (a snapshot that came during the compaction) queues an evaluation, which sees the
+        compacted history, and with ``answer_requests`` a compaction on demand that waits is
+        queued at once (its own task found the lock held and waits for the lease). A
+        compaction on demand holds with it off: a request it failed on would queue itself
+        again at every release."""
         lease_s = self.settings.redis.lock_lease_s
-        claim = self.state.acquire_lock(conversation_id, lease_s, unless_handled=revision)
-        if claim.status == "handled":
-            return "superseded"
+        claim = self.state.acquire_lock(conversation_id, lease_s, unless_handled=unless_handled)
         token = claim.token
         if token is None:
-            return self._hand_to_summarize(conversation_id, revision)
+            yield Hold(claim.status, None, lambda: False)
+            return
         try:
             with self.state.lease(conversation_id, token, lease_s) as lost:
-                return self._compact_locked(conversation_id, token, lost.is_set, stage, timings)
+                yield Hold(claim.status, token, lost.is_set)
         except LeaseLost:
-            # Not published; evaluate again: either the new holder has it, or it is ours again.
-            log.warning("lease lost on %s; not publishing", conversation_id)
+            log.warning("lease lost on %s%s; not publishing", conversation_id, during)
             self.state.incr("leases_lost_total")
-            self.enqueue_evaluate(conversation_id)
-            return "lease_lost"
+            if after_lost is not None:
+                after_lost()
         finally:
-            self.state.release_lock(conversation_id, token)
-            if self.state.take_rerun(conversation_id):
+            released = self.state.release_lock(conversation_id, token, with_request=answer_requests)
+            if released.rerun:
                 self.enqueue_evaluate(conversation_id)
+            if released.requested:
+                self.enqueue_compact(conversation_id, 0.0)
 
     def _compact_locked(
         self,
@@ -424,28 +469,17 @@ class Service:
     def compact_requested(self, conversation_id: str) -> Outcome:
         """Compact the newest snapshot as the conversation's waiting request asks, whatever
         the threshold says: under the lock and lease, published with the fencing token, like
-        :meth:`summarize`. While another worker holds the lock it runs again when that lease
-        would lapse."""
-        lease_s = self.settings.redis.lock_lease_s
-        claim = self.state.acquire_lock(conversation_id, lease_s)
-        token = claim.token
-        if token is None:
-            self.enqueue_compact(
-                conversation_id, self.state.lock_ttl_s(conversation_id) + LOCK_RETRY_MARGIN_S
-            )
-            return "deferred"
-        try:
-            with self.state.lease(conversation_id, token, lease_s) as lost:
-                return self._compact_requested_locked(conversation_id, token, lost.is_set)
-        except LeaseLost:
-            log.warning("lease lost on %s; not publishing", conversation_id)
-            self.state.incr("leases_lost_total")
-            self.enqueue_compact(conversation_id, 0.0)
-            return "lease_lost"
-        finally:
-            self.state.release_lock(conversation_id, token)
-            if self.state.take_rerun(conversation_id):
-                self.enqueue_evaluate(conversation_id)
+        :meth:`summarize`. While a threshold or idle compaction holds the lock, its release
+        queues this again; while another compaction on demand does (or a holder died), it runs
+        again when that lease would lapse."""
+        again = functools.partial(self.enqueue_compact, conversation_id, 0.0)
+        with self.holding(conversation_id, after_lost=again, answer_requests=False) as hold:
+            if hold.token is None:
+                wait_s = self.state.lock_ttl_s(conversation_id)
+                self.enqueue_compact(conversation_id, wait_s + LOCK_RETRY_MARGIN_S)
+                return "deferred"
+            return self._compact_requested_locked(conversation_id, hold.token, hold.lost)
+        return "lease_lost"
 
     # --- idle compaction ---------------------------------------------------------------------
 
@@ -498,26 +532,11 @@ class Service:
     def _compact_idle_claimed(
         self, conversation_id: str, stage: Stage, timings: dict[str, float]
     ) -> Outcome:
-        lease_s = self.settings.redis.lock_lease_s
-        claim = self.state.acquire_lock(conversation_id, lease_s)
-        if claim.token is None:
-            return "deferred"
-        token = claim.token
-        try:
-            with self.state.lease(conversation_id, token, lease_s) as lost:
-                return self._compact_idle_locked(
-                    conversation_id, token, lost.is_set, stage, timings
-                )
-        except LeaseLost:
-            log.warning(
-                "lease lost on %s during an idle compaction; not publishing", conversation_id
-            )
-            self.state.incr("leases_lost_total")
-            return "lease_lost"
-        finally:
-            self.state.release_lock(conversation_id, token)
-            if self.state.take_rerun(conversation_id):
-                self.enqueue_evaluate(conversation_id)
+        with self.holding(conversation_id, during=" during an idle compaction") as hold:
+            if hold.token is None:
+                return "deferred"
+            return self._compact_idle_locked(conversation_id, hold.token, hold.lost, stage, timings)
+        return "lease_lost"
 
     def _compact_requested_locked(
         self, conversation_id: str, token: str, lease_lost: Callable[[], bool]

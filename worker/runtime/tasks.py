@@ -12,8 +12,9 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_process_shutdown
 
+from worker.backend.connection import connect, state_url
 from worker.backend.queues import COMPACT_TASK, EVALUATE_QUEUE, SUMMARIZE_QUEUE
-from worker.backend.redis_state import RedisState, connect, state_url
+from worker.backend.redis_state import RedisState
 from worker.config import Settings
 from worker.errors import RedisUnavailable
 from worker.ops.telemetry import telemetry

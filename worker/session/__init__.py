@@ -19,23 +19,27 @@ compaction meanwhile) is skipped and counted; messages appended after a snapshot
 survive. ``state()`` / ``from_state`` carry a session into another process. docs/session.md
 is the reference.
 
-The package's private modules, one job each: ``_sync`` and ``_async`` (the two faces and their
-loops), ``_loop_steps`` (what the loops record between waits), ``_core`` (the parts, and
-the steps that do not wait), ``_setup`` (what a session is), ``_history``
-(messages, applied compactions, the stream cursor), ``_projection`` (the cached request),
-``_recall`` (transcripts, the recall tool), ``_sender`` and ``_follower`` (what the loops did),
-``_status``, ``_state`` (``state()``/``from_state``), ``_backoff`` (the retry schedule both
-loops share), ``_messages`` (copies, tool call ids), ``_compact_tool`` (the model's
-``compact_history`` tool).
+The package's private modules, one job each, over ``_setup`` (what a session is, fixed at
+construction; it imports none of the others): ``_sync`` and ``_async`` (the two faces and
+their loops), ``_core`` (the parts, the steps that do not wait, what the loops record between
+waits, ``status``), ``_history`` (messages, applied compactions, the stream cursor, and
+``state()``/``from_state``), ``_projection`` (copies and tool call ids of wire messages, the
+cached request), ``_threads`` (what the sender and follower did, the retry schedule both
+share), ``_tools`` (transcripts and the recall tool, the model's ``compact_history`` tool).
 """
 
 from __future__ import annotations
 
 from ._async import AsyncCompactingSession
-from ._compact_tool import COMPACT_DESCRIPTION, COMPACT_TOOL_NAME, CompactTool
-from ._recall import RECALL_TOOL_NAME, RecallTool
-from ._status import SessionStatus
+from ._core import SessionStatus
 from ._sync import CompactingSession
+from ._tools import (
+    COMPACT_DESCRIPTION,
+    COMPACT_TOOL_NAME,
+    RECALL_TOOL_NAME,
+    CompactTool,
+    RecallTool,
+)
 
 __all__ = [
     "COMPACT_DESCRIPTION",

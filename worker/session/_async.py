@@ -12,13 +12,10 @@ from worker.client import Client, RequestResult
 from worker.errors import CompactorError
 from worker.wire.events import CompactionEvent, RevertedEvent
 
-from ._compact_tool import CompactTool, compact_tool, tool_answer
-from ._core import Mail
-from ._follower import INBOX_SIZE
-from ._loop_steps import _LoopSteps
-from ._recall import RecallTool, recall_tool
-from ._sender import Job
-from ._state import arguments_of
+from ._core import Mail, _LoopSteps
+from ._history import arguments_of
+from ._threads import INBOX_SIZE, Job
+from ._tools import CompactTool, RecallTool, compact_tool, recall_tool, tool_answer
 
 
 class AsyncCompactingSession(_LoopSteps):

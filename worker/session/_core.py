@@ -1,13 +1,19 @@
 """``_Core``: the parts a session is made of, and every step that does not wait on a thread or
-a task. One lock guards the parts; each part owns one job's state:
+a task; ``_LoopSteps``: the steps the sender and follower loops take between their waits; and
+``session.status``, what the background threads have done, as one frozen copy.
+
+One lock guards the parts; each part owns one job's state:
 
 - :class:`Setup`: what the session is (fixed);
 - :class:`History` and :class:`Cursor`: the messages with compactions applied, and where the
   session is in the event stream;
 - :class:`Projection`: the cached projected request;
 - :class:`Transcripts`: transcripts read for undo and recall;
-- :class:`SenderState` and :class:`FollowerState`: what the background loops have done
-  (their steps are in ``_loop_steps``).
+- :class:`SenderState` and :class:`FollowerState`: what the background loops have done.
+
+The loop steps take a turn, record what a submit or a read did, log it, and say how long to
+wait before trying again. Both sessions' loops, threads and tasks alike, call them and wait by
+the one :data:`RETRY` schedule.
 """
 
 from __future__ import annotations
@@ -17,24 +23,80 @@ import copy
 import json
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from worker.client import Client
-from worker.errors import CompactorError, EventMismatch
+from worker.client import Client, SubmitResult
+from worker.errors import CompactorError, EventMismatch, PermanentError
 from worker.wire import formats
 from worker.wire.events import CompactionEvent, CompletedEvent, RevertedEvent
 
-from . import _state
-from ._follower import FollowerState
-from ._history import Applied, Cursor, History, replaced_range
-from ._messages import own, pinned_key
-from ._projection import Projection
-from ._recall import RECALL_USAGE, Transcripts, recall_id, recall_miss
-from ._sender import SenderState
+from ._history import Applied, Cursor, History, dump_state, load_state, replaced_range
+from ._projection import Projection, own, pinned_key
 from ._setup import Setup, SetupView, log
-from ._status import SessionStatus, status_of
+from ._threads import RETRY, FollowerState, Job, SenderState
+from ._tools import RECALL_USAGE, Transcripts, recall_id, recall_miss
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """What the background threads have done, as of now (a copy; cheap to take)."""
+
+    conversation_id: str
+    revision: int  # newest revision given to a snapshot (or learned from the service)
+    last_submitted_revision: int | None  # newest revision the service accepted from us
+    pending_submits: int  # turns (extend calls) not yet in an accepted snapshot
+    retrying: bool  # the sender is backing off after a failed submit
+    submit_failures: int  # failed submit attempts so far
+    last_error: str | None  # the newest submit error, cleared by the next success
+    snapshots_replaced: int  # unsent snapshots replaced by a newer one (only the newest is sent)
+    events_received: int  # events the follower has read
+    last_outcome_revision: int | None  # newest revision with an outcome event read
+    events_applied: int  # compactions applied to the history
+    compactions_skipped: int  # compactions that no longer described the history
+    last_skip_reason: str | None
+    compactions_undone: int
+    follower_error: str | None  # the follower's newest read error, cleared when it reads again
+    last_event_id: str  # the stream id of the newest event drained into the history
+    compactions_failed: int  # compaction.failed events read (the next snapshot tries again)
+    snapshots_rejected: int  # compaction.rejected events read: the history is not valid input
+    last_rejection: str | None  # the newest rejection's reason ("FIELD: REASON")
+
+
+def status_of(
+    conversation_id: str,
+    sender: SenderState,
+    follower: FollowerState,
+    history: History,
+    cursor: Cursor,
+) -> SessionStatus:
+    return SessionStatus(
+        conversation_id=conversation_id,
+        revision=sender.revision,
+        last_submitted_revision=sender.last_submitted,
+        pending_submits=sender.pending,
+        retrying=sender.retrying,
+        submit_failures=sender.failures,
+        last_error=sender.last_error,
+        snapshots_replaced=sender.replaced,
+        events_received=follower.received,
+        last_outcome_revision=follower.last_outcome,
+        events_applied=history.applied_count,
+        compactions_skipped=history.skipped,
+        last_skip_reason=history.last_skip,
+        compactions_undone=history.undone,
+        follower_error=follower.error,
+        last_event_id=cursor.last_event_id,
+        compactions_failed=follower.failed,
+        snapshots_rejected=follower.rejected,
+        last_rejection=follower.last_rejection,
+    )
+
 
 Mail = tuple[int, tuple[Any, ...]]  # (the turn, the messages to snapshot)
+
+
+# --- the parts and the steps that do not wait -----------------------------------------------------
 
 
 class _Core(SetupView):
@@ -270,9 +332,110 @@ class _Core(SetupView):
     def state(self) -> dict[str, Any]:
         """A JSON-able dict to carry the session into another process (``from_state``)."""
         with self._lock:
-            return _state.dump(self.setup, self._history, self._sender, self._cursor, self._pins)
+            return dump_state(self.setup, self._history, self._sender, self._cursor, self._pins)
 
     def _restore_state(self, state: Mapping[str, Any]) -> bool:
         """Take over the counters of a saved session; True when it had unsent turns."""
         with self._lock:
-            return _state.load(state, self._history, self._sender, self._cursor, self._pins)
+            return load_state(state, self._history, self._sender, self._cursor, self._pins)
+
+
+# --- the loops' steps between waits ---------------------------------------------------------------
+
+
+class _LoopSteps(_Core):
+    """A session's core with the steps of its two background loops."""
+
+    def _count_replaced(self) -> None:
+        with self._lock:
+            self._sender.replaced += 1
+
+    def _unsent(self) -> bool:
+        """A turn waits to be submitted and the sender is not backing off (``close`` waits)."""
+        with self._lock:
+            return self._sender.pending > 0 and not self._sender.retrying
+
+    def _job(self, mail: Mail) -> Job:
+        turn, messages = mail
+        with self._lock:
+            return Job(turn, self._sender.next_revision(), messages)
+
+    def _snapshot(self, job: Job) -> dict[str, Any]:
+        snapshot = self.setup.snapshot(job.revision, job.messages)
+        pinned = self._pinned_ids(job.messages)
+        if pinned:
+            snapshot["pinned"] = pinned
+        return snapshot
+
+    def _submitted(self, job: Job, result: SubmitResult) -> Job | None:
+        """Record a submit's result; the job to send again when it was superseded (with a
+        revision after the service's newest), else None."""
+        with self._lock:
+            if result.status == "superseded":
+                self._sender.learned(result.revision)
+                log.info(
+                    "revision %d of %s is older than the service's %d; sending it as a newer one",
+                    job.revision,
+                    self.conversation_id,
+                    result.revision,
+                )
+                return job._replace(revision=self._sender.next_revision())
+            if self._sender.retrying:
+                log.warning(
+                    "redis is back: submitted %s revision %d", self.conversation_id, job.revision
+                )
+            self._sender.accepted(job.turn, job.revision)
+            if self._cursor.floor is None:
+                self._cursor.floor = job.revision
+            self._status_changed.notify_all()
+            return None
+
+    def _submit_error(self, job: Job, exc: Exception, attempt: int) -> float | None:
+        """Record a failed submit (``attempt`` in a row): None when the service refused the
+        snapshot for good (it is dropped), else the wait before trying it again."""
+        if isinstance(exc, PermanentError):
+            with self._lock:
+                self._sender.refused(job.turn, exc)
+                self._status_changed.notify_all()
+            log.error(
+                "the service refused %s revision %d: %s", self.conversation_id, job.revision, exc
+            )
+            return None
+        delay = RETRY.delay(attempt)
+        if not isinstance(exc, CompactorError):  # a bug must not end the loop silently
+            log.exception("submitting %s revision %d failed", self.conversation_id, job.revision)
+            return delay
+        with self._lock:
+            self._sender.failed(exc)
+            pending = self._sender.pending
+        log.warning(
+            "cannot submit %s revision %d (%s); keeping the newest snapshot (%d turns pending), "
+            "retrying in %.1fs",
+            self.conversation_id,
+            job.revision,
+            exc.message,
+            pending,
+            delay,
+        )
+        return delay
+
+    def _received_event(self, event: CompactionEvent) -> None:
+        with self._lock:
+            if self._follower.read(event):
+                self._status_changed.notify_all()
+
+    def _read_error(self, exc: Exception, attempt: int) -> float:
+        """Record a failed read of the stream (``attempt`` in a row); the wait before the next."""
+        if not isinstance(exc, CompactorError):
+            log.exception("reading events of %s failed", self.conversation_id)
+            return RETRY.cap_s
+        delay = RETRY.delay(attempt)
+        with self._lock:
+            self._follower.read_failed(exc)
+        log.warning(
+            "cannot read events of %s (%s); retrying in %.1fs",
+            self.conversation_id,
+            exc.message,
+            delay,
+        )
+        return delay

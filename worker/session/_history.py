@@ -1,18 +1,45 @@
-"""The agent's messages with the compactions applied, and how far the session read the stream.
+"""The agent's messages with the compactions applied, how far the session read the stream,
+and the session as a JSON-able dict (``state()``, :func:`dump_state`) and back
+(``from_state``, :func:`load_state`).
 
-Neither object is thread-safe: the session calls them under its lock."""
+Neither :class:`History` nor :class:`Cursor` is thread-safe: the session calls them under its
+lock.
+
+A session as a JSON-able dict (``state()``) and back (``from_state``):
+
+A state holds the history once. Version 1 also held every compaction the session ever applied
+as its whole event, so a long session's state grew with its age, not its history: each event
+carries its replacement (the carried messages and the summary, which the history holds too
+while the compaction is the newest) and its summary's text a second time, and once a later
+compaction has replaced that summary in turn, its text lives on only in the later compaction's
+transcript, not in the history. Version 2 writes each compaction's replacement where it is:
+
+- ``in_history``: the history holds it at ``index`` (checked by ``replacement_sha256``); only
+  the event's other fields are written, and the replacement is read back from the history, and
+  so is the summary's text, from the message of the replacement that holds it
+  (``summary_text_at``: the message, and the content part when the content is a list);
+- ``in_later_transcript``: a later compaction replaced it, so it is in that compaction's
+  transcript; the event is written without its replacement and summary text, which resume
+  leaves empty. What recall, de-duplication and the revision count use (ids, transcript,
+  range, sections' sources) stays.
+
+``from_state`` reads both versions.
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker.errors import EventMismatch
 from worker.wire import formats
-from worker.wire.events import CompactionEvent, CompletedEvent
+from worker.wire.events import CompactionEvent, CompletedEvent, parse_event
 from worker.wire.history import apply_compaction, range_digest
 
-from ._setup import log
+from ._setup import Setup, log
+from ._threads import SenderState
 
 
 @dataclass
@@ -127,3 +154,148 @@ def replaced_range(applied: Applied, original: list[dict[str, Any]]) -> list[dic
     if range_digest(replaced) != compaction.range_sha256:
         raise EventMismatch("the transcript's range does not match the compaction")
     return replaced
+
+
+# --- the saved state: state() and from_state ------------------------------------------------------
+
+
+STATE_VERSION = 2
+READ_VERSIONS = (1, 2)
+IN_HISTORY = "in_history"
+IN_LATER_TRANSCRIPT = "in_later_transcript"
+
+
+def dump_state(
+    setup: Setup, history: History, sender: SenderState, cursor: Cursor, pins: set[str]
+) -> dict[str, Any]:
+    messages = list(history.messages)
+    return {
+        "version": STATE_VERSION,
+        "conversation_id": setup.conversation_id,
+        "format": setup.format,
+        "model": setup.model,
+        "context_window": setup.context_window,
+        "config": dict(setup.overrides),
+        "tools": dict(setup.tools),
+        "system": setup.system,
+        "messages": messages,
+        "revision": sender.revision,
+        "floor": cursor.floor,
+        "last_event_id": cursor.last_event_id,
+        "pending": sender.pending > 0,
+        "compactions": [_saved(applied, messages) for applied in history.applied],
+        "seen": sorted(cursor.seen),
+        "pinned": sorted(pins),
+    }
+
+
+def _saved(applied: Applied, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """One applied compaction, its replacement written where it is (the module's docstring)."""
+    replacement = list(applied.event.compaction.replacement)
+    live = messages[applied.index : applied.index + applied.size] == replacement
+    event = applied.event.model_dump(mode="json")
+    del event["compaction"]["replacement"]
+    summary = event["compaction"]["summary"]
+    text_at = _text_at(replacement, summary["text"]) if live else None
+    if not live or text_at is not None:
+        summary["text"] = ""
+    saved = {
+        "event": event,
+        "index": applied.index,
+        "size": applied.size,
+        "replacement": IN_HISTORY if live else IN_LATER_TRANSCRIPT,
+        # Checks the history's copy on resume; for one in a later transcript, what the messages
+        # an undo of the later compaction puts back must hash to.
+        "replacement_sha256": range_digest(replacement),
+    }
+    return saved | ({"summary_text_at": text_at} if text_at is not None else {})
+
+
+def _text_at(replacement: list[dict[str, Any]], text: str) -> list[int] | None:
+    """Where ``text`` is in ``replacement``: ``[message]`` for a message whose content is the
+    text, ``[message, part]`` for a content part whose ``text`` it is; None: nowhere whole."""
+    if not text:
+        return None
+    for k, message in enumerate(replacement):
+        content = message.get("content")
+        if content == text:
+            return [k]
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and part.get("text") == text:
+                    return [k, j]
+    return None
+
+
+def _text_in(replacement: list[Any], at: list[int]) -> str:
+    """The text :func:`_text_at` located (a ValueError when it is not there)."""
+    try:
+        content = replacement[at[0]]["content"]
+        text = content if len(at) == 1 else content[at[1]]["text"]
+    except (IndexError, KeyError, TypeError):
+        raise ValueError(f"a session state's summary text is not at {at}") from None
+    if not isinstance(text, str):
+        raise ValueError(f"a session state's summary text is not at {at}")
+    return text
+
+
+def arguments_of(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor's arguments a saved session had."""
+    if state.get("version") not in READ_VERSIONS:
+        raise ValueError(f"not a session state of version {' or '.join(map(str, READ_VERSIONS))}")
+    return {
+        "format": state["format"],
+        "model": state["model"],
+        "context_window": state["context_window"],
+        "config": state["config"],
+        "tools": state["tools"],
+        "system": state["system"],
+        "messages": state["messages"],
+    }
+
+
+def load_state(
+    state: Mapping[str, Any],
+    history: History,
+    sender: SenderState,
+    cursor: Cursor,
+    pins: set[str],
+) -> bool:
+    """Take over the counters (and pins) of a saved session; True when it had unsent turns."""
+    pins.update(str(key) for key in state.get("pinned", ()))
+    sender.revision = int(state["revision"])
+    cursor.floor = state["floor"]
+    cursor.last_event_id = str(state["last_event_id"])
+    for item in state["compactions"]:
+        event = parse_event(_event_of(item, state["messages"], int(state["version"])))
+        if not isinstance(event, CompletedEvent):
+            raise ValueError("a session state holds a compaction that is not completed")
+        history.applied.append(Applied(event, int(item["index"]), int(item["size"])))
+        sender.learned(event.revision)
+    cursor.seen = set(state.get("seen", ())) | {a.event.event_id for a in history.applied}
+    return bool(state.get("pending"))
+
+
+def _event_of(item: Mapping[str, Any], messages: list[Any], version: int) -> dict[str, Any]:
+    """The event JSON of a saved compaction, its replacement put back from the history (version
+    2, ``in_history``) or left empty (``in_later_transcript``); version 1 saved it whole."""
+    event: dict[str, Any] = copy.deepcopy(dict(item["event"]))
+    if version == 1:
+        return event
+    where = item.get("replacement")
+    if where == IN_LATER_TRANSCRIPT:
+        event["compaction"]["replacement"] = []
+        return event
+    if where != IN_HISTORY:
+        raise ValueError(f"a session state's compaction has no known replacement: {where!r}")
+    start = int(item["index"])
+    replacement = copy.deepcopy(messages[start : start + int(item["size"])])
+    if range_digest(replacement) != item.get("replacement_sha256"):
+        raise ValueError(
+            f"the state's history does not hold the replacement of compaction "
+            f"{event.get('event_id')!r} at {start}"
+        )
+    event["compaction"]["replacement"] = replacement
+    if item.get("summary_text_at") is not None:
+        event["compaction"]["summary"]["text"] = _text_in(replacement, item["summary_text_at"])
+    return event

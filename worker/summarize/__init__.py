@@ -28,6 +28,9 @@ class SummaryRequest(BaseModel):
     previous_summary: str | None = None  # the earlier summary this range starts with, if any
     previous_summary_ids: list[str] = Field(default_factory=list)  # its message(s)
     must_keep: list[str] = Field(default_factory=list)  # paths, commands, errors to keep verbatim
+    # Code names the messages kept verbatim beside the summary show (the system prompt, carried
+    # turns, the newest ones): a summary need not list them again.
+    shown_beside: frozenset[str] = frozenset()
     max_input_chars: int
     max_output_tokens: int
     source_tokens: int  # tokens of the text being replaced; a longer summary is refused

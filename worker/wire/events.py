@@ -306,8 +306,8 @@ class _Event(_Published):
 class CompletedEvent(_Event):
     """A compaction: apply it with ``apply_compaction`` whenever you like. A held compaction,
     once approved, names its ``compaction.proposed`` (``proposal_event_id``) and who approved
-    it (``approved_by``: ``api``, ``webhook``, or ``default`` when no hook answered within its
-    deadline); both None otherwise, and in older events."""
+    it (``approved_by``: ``api``, ``inspector``, ``webhook``, or ``default`` when no hook
+    answered within its deadline); both None otherwise, and in older events."""
 
     type: Literal["compaction.completed"] = "compaction.completed"
     trigger: Trigger

@@ -7,6 +7,10 @@ summarizer and never an event: events carry its SHA-256) and overrides of what t
 same ``config`` / ``tools`` overrides a snapshot may carry (docs/snapshot.md), applied over the
 snapshot's own. What users send is read strictly: an unknown field, a wrong type or an
 instruction over :data:`MAX_INSTRUCTIONS_CHARS` is refused with the field named.
+
+:func:`user_text` is the same check for every other text a person sends the service to be
+stored or published (a reviewer's edited summary, a reason): no control characters, no lone
+surrogates.
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ __all__ = [
     "CompactRequest",
     "compact_request",
     "new_request_id",
+    "user_text",
 ]
 
 MAX_INSTRUCTIONS_CHARS = 2000
 # The trigger kind of a compaction someone asked for (events' ``trigger.kind``).
 REQUESTED_TRIGGER = "requested"
 REQUEST_ID_PATTERN = r"^[0-9a-f]{32}$"
-# Control characters other than tab and line breaks have no place in an instruction to a model.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Control characters other than tab and line breaks (C0, DEL and C1) have no place in an
+# instruction to a model, a summary or a reason: a terminal or a log reader would act on them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class CompactRequest(BaseModel):
@@ -110,12 +116,21 @@ def _instructions(value: Any) -> str | None:
             "instructions",
             f"at most {MAX_INSTRUCTIONS_CHARS} characters (got {len(value)})",
         )
-    if _CONTROL.search(value):
-        raise InvalidRequest("instructions", "must not contain control characters")
+    return user_text("instructions", value).strip() or None
+
+
+def user_text(field: str, value: str) -> str:
+    """``value`` when it is text a person may send: :class:`InvalidRequest` naming ``field``
+    when it holds a control character other than tab, CR and LF (C0, DEL, C1) or a lone UTF-16
+    surrogate (JSON's ``\\ud800`` escape carries one; no UTF-8 encoder takes it)."""
+    found = _CONTROL.search(value)
+    if found:
+        code = f"U+{ord(found.group()):04X}"
+        raise InvalidRequest(field, f"must not contain control characters ({code})")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidRequest(
-            "instructions", "contains a lone UTF-16 surrogate (not valid Unicode)"
+            field, "contains a lone UTF-16 surrogate (not valid Unicode)"
         ) from None
-    return value.strip() or None
+    return value

@@ -1,6 +1,7 @@
-"""What the format modules share: reading a string field of a wire message (or block, part or
-item), and, when rendering, finding the wire message a normalized message came from and
-whether it is still exactly what that message normalizes to.
+"""What the format modules share: the preamble of the two OpenAI shapes (their roles, the
+Anthropic blocks they refuse, no top-level system), reading a string field of a wire message
+(or block, part or item), and, when rendering, finding the wire message a normalized message
+came from and whether it is still exactly what that message normalizes to.
 
 Kept apart from the package's ``__init__`` (which imports every format module) so that each
 format module imports it without a circle.
@@ -14,11 +15,43 @@ from typing import Any
 from worker.errors import InvalidSnapshot
 from worker.wire import media
 from worker.wire.media import Attachment, MediaRules
-from worker.wire.models import Message, canonical_json
+from worker.wire.models import Message, Role, canonical_json
 
 # A format's reader of one wire message into one internal message:
 # (index, raw, message id, tool names by call id, media rules) -> message.
 Normalizer = Callable[[int, dict[str, Any], str, dict[str, str], MediaRules], Message]
+
+
+# The roles of a message in both OpenAI shapes (a Chat Completions message, a Responses message
+# item) and the internal role each is read as: ``developer`` is the newer name of ``system``.
+# Chat Completions adds its own ``tool`` and ``function`` roles.
+MESSAGE_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+# Anthropic's tool blocks in an OpenAI-shaped message say the snapshot's format is wrong:
+# carried unread, a call and its result would lose their pairing, and a compaction could
+# separate them.
+FOREIGN_PARTS = frozenset({"tool_use", "tool_result"})
+
+
+def foreign_part(kind: str, at: str) -> InvalidSnapshot:
+    """The error for a content part of one of :data:`FOREIGN_PARTS` at ``at``."""
+    return InvalidSnapshot(
+        f"{at}.type", f"unexpected content part type {kind!r} (is this an anthropic snapshot?)"
+    )
+
+
+def no_system_field(system: Any) -> list[Message]:
+    """``system_messages`` of the OpenAI shapes: their system prompt is a message of the
+    history, so a snapshot's top-level ``system`` (Anthropic's) is refused."""
+    if system is not None:
+        raise InvalidSnapshot(
+            "system", "only the anthropic format has a top-level system (put it in messages)"
+        )
+    return []
 
 
 def string_field(raw: dict[str, Any], key: str, where: str, *, nonempty: bool = False) -> str:
@@ -77,6 +110,11 @@ def is_opaque_field(key: str) -> bool:
     return key in OPAQUE_FIELDS or key == "id" or key.endswith("_id")
 
 
+def is_data_url(value: Any) -> bool:
+    """Whether ``value`` is a data URL (an inline image or file): opaque wherever it sits."""
+    return isinstance(value, str) and value.startswith(_DATA_URL)
+
+
 def readable(value: Any) -> Any:
     """``value`` (a block, an item, a part of one) without its opaque fields, at any depth:
     what of it a summarizer may read."""
@@ -84,10 +122,10 @@ def readable(value: Any) -> Any:
         return {
             k: readable(v)
             for k, v in value.items()
-            if not is_opaque_field(k) and not (isinstance(v, str) and v.startswith(_DATA_URL))
+            if not is_opaque_field(k) and not is_data_url(v)
         }
     if isinstance(value, list):
-        return [readable(v) for v in value if not (isinstance(v, str) and v.startswith(_DATA_URL))]
+        return [readable(v) for v in value if not is_data_url(v)]
     return value
 
 

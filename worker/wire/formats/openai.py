@@ -18,7 +18,16 @@ from typing import Any
 
 from worker.errors import InvalidSnapshot
 from worker.wire import media
-from worker.wire.formats.common import normalizes_to, source_of, string_field, unknown_payload
+from worker.wire.formats.common import (
+    FOREIGN_PARTS,
+    MESSAGE_ROLES,
+    foreign_part,
+    no_system_field,
+    normalizes_to,
+    source_of,
+    string_field,
+    unknown_payload,
+)
 from worker.wire.media import Attachment, MediaRules
 from worker.wire.models import Message, Role, ToolCall, derived_message_id, is_plain_json
 
@@ -30,20 +39,10 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 PART_TYPES = frozenset({"text", "refusal", "image_url", "input_audio", "file"})
 TOOL_CALL_TYPES = frozenset({"function", "custom"})
 
-_INTERNAL_ROLES: dict[str, Role] = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "assistant": "assistant",
-    "tool": "tool",
-    "function": "tool",
-}
+_INTERNAL_ROLES: dict[str, Role] = {**MESSAGE_ROLES, "tool": "tool", "function": "tool"}
 # The part types whose text is read (by the field that holds it); images and files are counted
 # as attachments (worker.wire.media), audio passes through uncounted.
 _TEXT_FIELDS = {"text": "text", "refusal": "refusal"}
-# Anthropic's tool blocks say the snapshot's format is wrong: carried unread, a call and its
-# result would lose their pairing, and a compaction could separate them.
-_FOREIGN_PARTS = frozenset({"tool_use", "tool_result"})
 # Fields a rewritten message is built from; it keeps every other field of its source as it was.
 _REBUILT = frozenset(
     {
@@ -66,10 +65,7 @@ def function_call_id(message_id: str) -> str:
     return message_id + _FUNCTION_CALL
 
 
-def system_messages(system: Any) -> list[Message]:
-    if system is not None:
-        raise InvalidSnapshot("system", "only the anthropic format has a top-level system")
-    return []
+system_messages = no_system_field
 
 
 def reusable(raw: dict[str, Any]) -> bool:
@@ -194,11 +190,8 @@ def _content(
             spec = part.get("file")
             name = spec.get("filename") if isinstance(spec, dict) else None
             attachments.append(media.file(rules, name if isinstance(name, str) else "file"))
-        elif kind in _FOREIGN_PARTS:
-            raise InvalidSnapshot(
-                f"{where}[{k}].type",
-                f"unexpected content part type {kind!r} (is this an anthropic snapshot?)",
-            )
+        elif kind in FOREIGN_PARTS:
+            raise foreign_part(kind, f"{where}[{k}]")
         elif kind not in PART_TYPES:
             attachments.append(unknown_payload(kind, part))
             unknown.append(kind)

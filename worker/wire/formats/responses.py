@@ -43,6 +43,10 @@ from typing import Any
 from worker.errors import InvalidSnapshot
 from worker.wire import media
 from worker.wire.formats.common import (
+    FOREIGN_PARTS,
+    MESSAGE_ROLES,
+    foreign_part,
+    no_system_field,
     normalizes_to,
     readable_json,
     source_of,
@@ -50,17 +54,12 @@ from worker.wire.formats.common import (
     unknown_payload,
 )
 from worker.wire.media import Attachment, MediaRules
-from worker.wire.models import Message, Role, ToolCall, is_plain_json
+from worker.wire.models import Message, ToolCall, is_plain_json
 
 # The Responses API takes input items opening with any role.
 OPENS_WITH_USER = False
 
-_ROLES: dict[str, Role] = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "assistant": "assistant",
-}
+_ROLES = MESSAGE_ROLES
 # Content parts: the ones whose text is read (by the field that holds it), and the ones passed
 # through unread (images and files counted as attachments).
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
@@ -68,8 +67,6 @@ _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 _READ_PARTS = frozenset({*_TEXT_PARTS, *_MEDIA_PARTS})
 _SUMMARY_PARTS = frozenset({"summary_text"})
 _REASONING_PARTS = frozenset({"reasoning_text"})
-# Anthropic's tool blocks say the snapshot's format is wrong (see the openai module).
-_FOREIGN_PARTS = frozenset({"tool_use", "tool_result"})
 
 # Calls: the tool a call is of when it has no ``name`` of its own (""; it must have one), and
 # the string field holding its arguments (None: the readable JSON of the rest of the item).
@@ -152,12 +149,7 @@ _ID_DROPPED = frozenset(
 )
 
 
-def system_messages(system: Any) -> list[Message]:
-    if system is not None:
-        raise InvalidSnapshot(
-            "system", "only the anthropic format has a top-level system (put it in messages)"
-        )
-    return []
+system_messages = no_system_field
 
 
 def reusable(raw: dict[str, Any]) -> bool:
@@ -295,10 +287,8 @@ def _read_part(
         texts.append(string_field(part, field, at))
     elif kind in _MEDIA_PARTS:
         attachments += _media(part, rules)
-    elif kind in _FOREIGN_PARTS:
-        raise InvalidSnapshot(
-            f"{at}.type", f"unexpected content part type {kind!r} (is this an anthropic snapshot?)"
-        )
+    elif kind in FOREIGN_PARTS:
+        raise foreign_part(kind, at)
     else:
         attachments.append(unknown_payload(kind, part))
         unknown.append(kind)
