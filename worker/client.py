@@ -16,6 +16,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -160,15 +161,18 @@ class Client:
             "compactor.revision": revision,
         }
         with self.telemetry.stage("submit", kind="producer", attributes=attributes) as stage:
-            result = self.state.store_snapshot(conversation_id, revision, payload)
+            submission = uuid.uuid4().hex
+            result = self.state.store_snapshot(
+                conversation_id, revision, payload, submission=submission
+            )
             # queued: this submit's task carries the trace on; coalesced: the task already
             # queued evaluates this revision too, in the earlier submit's trace.
             stage.set({"compactor.submit.status": result.status})
             if result.status == "queued":
-                self._send_evaluate(conversation_id, revision)
+                self._send_evaluate(conversation_id, submission)
         return result
 
-    def _send_evaluate(self, conversation_id: str, revision: int) -> None:
+    def _send_evaluate(self, conversation_id: str, submission: str) -> None:
         try:
             self._sender.send(
                 EVALUATE_TASK,
@@ -182,7 +186,7 @@ class Client:
             # Redis be gone too, the flag stays and the reconciler queues the conversation (it
             # is pending); the broker's error is the one to report.
             with contextlib.suppress(RedisUnavailable):
-                self.state.unqueue(conversation_id, revision)
+                self.state.unqueue(conversation_id, submission)
             raise
 
     def compact_now(

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,6 +124,86 @@ def test_asubmit_does_not_wait_behind_idle_followers(redis_url: str) -> None:
     status, still_waiting = asyncio.run(scenario())
     assert status == "queued"
     assert all(still_waiting)
+
+
+class ReplyDroppingRelay:
+    """A TCP relay on loopback in front of Redis that, once armed with a marker, drops the
+    connection right after Redis answered the first command whose bytes hold the marker: the
+    command ran, its reply never arrives (what a connection broken at the wrong moment, or a
+    Redis killed between running a script and answering, does)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        self.marker = b""
+        self.dropped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            marked = threading.Event()
+            threading.Thread(target=self._up, args=(client, upstream, marked), daemon=True).start()
+            threading.Thread(
+                target=self._down, args=(upstream, client, marked), daemon=True
+            ).start()
+
+    def _up(self, client: socket.socket, upstream: socket.socket, marked: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self.marker and self.marker in data and not self.dropped.is_set():
+                    marked.set()
+                upstream.sendall(data)
+
+    def _down(
+        self, upstream: socket.socket, client: socket.socket, marked: threading.Event
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                if marked.is_set():  # the marked command's reply: swallowed, both ends closed
+                    self.dropped.set()
+                    break
+                client.sendall(data)
+        for end in (client, upstream):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_submit_whose_reply_was_lost_is_still_queued(redis_url: str) -> None:
+    """The submit script runs, and the connection breaks before its reply arrives; redis-py
+    runs it again on a new connection. The second run must answer ``queued`` and the client
+    send the evaluation: answering ``coalesced`` (the flag the first run set) left the
+    conversation without any evaluation until the reconciler ran."""
+    port = urlsplit(redis_url).port
+    assert port is not None
+    relay = ReplyDroppingRelay(port)
+    client = client_for(relay.url)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        assert client.submit(snapshot("c-before")).status == "queued"  # scripts loaded
+        relay.marker = keys.queued("c-lost-reply").encode()
+        result = client.submit(snapshot("c-lost-reply"))
+        assert relay.dropped.is_set(), "the relay should have swallowed the script's reply"
+        assert result.status == "queued"
+        queued = [
+            json.loads(m)["headers"]["argsrepr"] for m in r.lrange("compactor.evaluate", 0, -1)
+        ]
+        assert sum("c-lost-reply" in m for m in queued) == 1, queued
+        # A second submission of the conversation coalesces into that evaluation, as before.
+        assert client.submit(snapshot("c-lost-reply", 2)).status == "coalesced"
+    finally:
+        client.close()
+        relay.close()
+        r.close()
 
 
 def test_followers_receive_events_while_submits_run(redis_url: str) -> None:

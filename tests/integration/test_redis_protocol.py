@@ -47,7 +47,7 @@ def submit(r: redis.Redis, snapshot: dict[str, Any]) -> list[Any]:
     r.execute_command("ZADD", "cw:pending", "NX", now, conv)
     keys = [f"cw:{{{conv}}}:snapshot", f"cw:{{{conv}}}:latest", f"cw:{{{conv}}}:queued"]
     keys.append(f"cw:{{{conv}}}:handled")
-    args = [payload, str(rev), SNAPSHOT_TTL_S]
+    args = [payload, str(rev), SNAPSHOT_TTL_S, uuid.uuid4().hex]
     reply: list[Any] = r.eval(documented_submit_script(), len(keys), *keys, *args)
     status = reply[0].decode()
     if status != "superseded":

@@ -35,8 +35,8 @@ C = "acme:c-42"
 
 # One call of every builder, with values of the kinds the state passes.
 CALLS = [
-    scripts.submit(C, payload=b"zlib", revision=3, ttl_s=86_400),
-    scripts.unqueue(C, revision=3),
+    scripts.submit(C, payload=b"zlib", revision=3, ttl_s=86_400, submission="9f2c4e"),
+    scripts.unqueue(C, submission="9f2c4e"),
     scripts.publish(
         CONFIG,
         C,

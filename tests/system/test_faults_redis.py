@@ -22,6 +22,7 @@ from support.fault_support import (
     ALL_QUEUES,
     EVALUATE_QUEUES,
     SUMMARIZE_QUEUE,
+    Cluster,
     MakeCluster,
     check_consistency,
     llm_section,
@@ -46,6 +47,16 @@ SUBMIT_HANG_S = 30.0
 WAIT_S = 120.0  # for an event that a loaded machine may make slow
 
 
+# Kombu's Redis transport takes a message off its queue (BRPOP) and then records it as
+# unacknowledged, in two commands: a message a worker had just popped as Redis was killed is
+# gone with the reply (the README's "Redis restarts" says so). Only where the broker is the
+# Redis that restarts, at most one per consuming worker (the evaluate and summarize workers):
+# the reconciler queues their conversations again. Seen once in about 140 runs, five at a time
+# beside two busy loops: the conversation submitted 45 ms before the kill, its queued flag set,
+# its evaluate message on no queue and in no unacknowledged index, and no worker received it.
+POPPED_AS_REDIS_DIED = 2
+
+
 def reconciled(log: str) -> int:
     """How many reconcile tasks a worker's log shows as finished."""
     return sum(
@@ -66,7 +77,8 @@ def test_redis_restart_with_aof_mid_load_loses_nothing(
     """Redis is killed (SIGKILL) and restarted on the same port and directory while snapshots
     are being submitted and summaries are in flight: the client's submissions all succeed, the
     workers reconnect by themselves, and every conversation reaches its outcome with whole
-    transcripts and no duplicate compactions, without the reconciler. With RabbitMQ as the
+    transcripts and no duplicate compactions, without the reconciler but for what kombu's Redis
+    transport can lose (:data:`POPPED_AS_REDIS_DIED`). With RabbitMQ as the
     broker Redis is only the state: the queues and the deliveries in flight stay on RabbitMQ
     through the restart. On a Redis Cluster, every master is killed and restarted (the queues'
     own Redis stays up)."""
@@ -135,11 +147,24 @@ def test_redis_restart_with_aof_mid_load_loses_nothing(
         assert cluster.workers.procs["eval"].poll() is None
         assert cluster.workers.procs["sum"].poll() is None
         lost = cluster.counters().get("leases_lost_total", 0)
-        assert not stragglers, (
+        may_lose = POPPED_AS_REDIS_DIED if broker is None and topology == "standalone" else 0
+        assert len(stragglers) <= may_lose, (
             f"{stragglers} had no outcome {STRAGGLE_S}s after the restart and needed the "
-            f"reconciler ({lost:.0f} summaries ended 'lease_lost' during the outage and were "
-            "dropped)"
+            f"reconciler ({lost:.0f} summaries ended 'lease_lost' during the outage); what the "
+            f"workers logged of them:\n{lines_naming(cluster, stragglers)}"
         )
+
+
+def lines_naming(cluster: Cluster, conversations: list[str]) -> str:
+    """The workers' log lines that name any of ``conversations`` (the eval and sum workers)."""
+    found = []
+    for name in ("eval", "sum"):
+        found += [
+            f"{name}: {line}"
+            for line in cluster.workers.log(name).splitlines()
+            if any(conv in line for conv in conversations)
+        ]
+    return "\n".join(found[-80:])
 
 
 def test_redis_restart_without_persistence_what_reconcile_can_and_cannot_do(

@@ -16,6 +16,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -159,9 +160,16 @@ class RedisState:
 
     # --- snapshots ---------------------------------------------------------------------------
 
-    def store_snapshot(self, conversation_id: str, revision: int, payload: bytes) -> SubmitResult:
-        """Claim check: the payload stays in Redis; the broker message carries only ids."""
+    def store_snapshot(
+        self, conversation_id: str, revision: int, payload: bytes, *, submission: str = ""
+    ) -> SubmitResult:
+        """Claim check: the payload stays in Redis; the broker message carries only ids.
+        ``submission``: this submission's id (a fresh one when empty), which the queued flag
+        holds: a script run again after its reply was lost (redis-py retries a command whose
+        connection broke, and the command may have run) answers ``queued`` again rather than
+        coalescing into its own flag, whose evaluation was never sent."""
         ttl = self.config.snapshot_ttl_s
+        submission = submission or uuid.uuid4().hex
         packed = zlib.compress(payload, 1)
         now = time.time()
         with redis_errors("storing a snapshot"):
@@ -170,7 +178,13 @@ class RedisState:
             # in between, having seen the older revision as the newest (keys.py).
             self.client.zadd(keys.PENDING, {conversation_id: now}, nx=True)
             status, rev = self.scripts.run(
-                scripts.submit(conversation_id, payload=packed, revision=revision, ttl_s=ttl)
+                scripts.submit(
+                    conversation_id,
+                    payload=packed,
+                    revision=revision,
+                    ttl_s=ttl,
+                    submission=submission,
+                )
             )
             pipe = self.client.pipeline(transaction=False)
             if as_text(status) != "superseded":
@@ -207,11 +221,11 @@ class RedisState:
         pipe.zremrangebyscore(keys.IDLE_TENANTS, "-inf", f"({now - ttl!r}")
         pipe.zadd(keys.IDLE_TENANTS, {tenant: now}, lt=True)
 
-    def unqueue(self, conversation_id: str, revision: int) -> bool:
-        """Clear the queued flag that ``store_snapshot`` set for ``revision`` (its task could
-        not be sent), if it is still that one; whether it was cleared."""
+    def unqueue(self, conversation_id: str, submission: str) -> bool:
+        """Clear the queued flag that ``store_snapshot`` set for ``submission`` (its task
+        could not be sent), if it is still that one's; whether it was cleared."""
         with redis_errors("clearing the queued flag"):
-            cleared = self.scripts.run(scripts.unqueue(conversation_id, revision=revision))
+            cleared = self.scripts.run(scripts.unqueue(conversation_id, submission=submission))
         return bool(cleared)
 
     def take_work(self, conversation_id: str, *, known_memo: str = "", idle: bool = False) -> Work:

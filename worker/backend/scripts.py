@@ -79,7 +79,9 @@ class Scripts:
         return self._registered[call.script](keys=call.key_list(), args=call.arg_list())
 
 
-def submit(conversation_id: str, *, payload: bytes, revision: int, ttl_s: int) -> Call:
+def submit(
+    conversation_id: str, *, payload: bytes, revision: int, ttl_s: int, submission: str
+) -> Call:
     c = conversation_id
     return Call(
         "submit",
@@ -89,13 +91,15 @@ def submit(conversation_id: str, *, payload: bytes, revision: int, ttl_s: int) -
             "queued_key": keys.queued(c),
             "handled_key": keys.handled(c),
         },
-        args={"payload": payload, "revision": revision, "ttl_s": ttl_s},
+        args={"payload": payload, "revision": revision, "ttl_s": ttl_s, "submission": submission},
     )
 
 
-def unqueue(conversation_id: str, *, revision: int) -> Call:
+def unqueue(conversation_id: str, *, submission: str) -> Call:
     return Call(
-        "unqueue", keys={"queued_key": keys.queued(conversation_id)}, args={"revision": revision}
+        "unqueue",
+        keys={"queued_key": keys.queued(conversation_id)},
+        args={"submission": submission},
     )
 
 

@@ -15,6 +15,9 @@ Reliability settings, and why:
   redelivered at once; the server's ``consumer_timeout`` (``[broker] consumer_timeout_s``)
   must outlast the longest task. Classic durable queues, persistent messages, publisher
   confirms (``rabbitmq_transport`` says why not quorum queues).
+- ``task_publish_retry_policy`` (:data:`PUBLISH_RETRY_POLICY`): a task message a worker sends
+  (a hand-off, a retry) is tried for about 12 s before it fails, so a broker restart does not
+  drop it; past that the conversation waits in ``cw:pending`` for the reconciler.
 - ``worker_prefetch_multiplier = 1``: a worker holds at most one extra message per slot, so a
   crash strands little and a slow worker does not hoard work. On RabbitMQ it also means the
   next message comes only after the last one's acknowledgement; that was slow only because of
@@ -70,6 +73,19 @@ __all__ = [
     "make_app",
 ]
 
+
+# How a worker's own task messages (a summary handed on, an evaluation after a lost lease or a
+# release, a retry) ride out a broker that blinks: about 12 s of attempts, as long as the state's
+# Redis client rides out a restart and longer than the client's submit. Celery's default (three
+# attempts in 0.6 s) gave up while a restarted Redis was still loading: the evaluation whose
+# hand-off failed was acknowledged as failed, a retry whose message could not be sent was
+# rejected for good, and the conversation waited for the reconciler.
+PUBLISH_RETRY_POLICY = {
+    "max_retries": 8,
+    "interval_start": 0.2,
+    "interval_step": 0.4,
+    "interval_max": 2.0,
+}
 
 # The longest a delivery stays unacknowledged beyond its time limit: a summary rescheduled for
 # when a lease lapses (``redis.lock_lease_s``) or a retry's backoff (30 s at most) is held by
@@ -135,6 +151,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         **transport,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
+        "task_publish_retry_policy": PUBLISH_RETRY_POLICY,
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],
