@@ -251,9 +251,10 @@ def test_an_evaluation_that_meets_a_compaction_ending_is_never_left_to_the_lease
 def test_a_compaction_on_demand_that_found_the_lock_held_is_queued_by_the_release(
     open_client: Any, tmp_path: Path
 ) -> None:
-    """A compaction asked for while a threshold compaction holds the conversation runs as that
-    one releases the lock, not when its lease would lapse; a compaction on demand's own
-    release does not queue one (a request it failed on would queue itself again and again)."""
+    """A compaction asked for while another compaction holds the conversation (a threshold
+    one, or another compaction on demand) runs as that one releases the lock, not when its
+    lease would lapse; a compaction on demand's release does not queue the request it took
+    itself (one it failed on would queue itself again and again)."""
     from worker.wire.requests import CompactRequest
 
     svc = service(open_client(), tmp_path)
@@ -267,12 +268,20 @@ def test_a_compaction_on_demand_that_found_the_lock_held_is_queued_by_the_releas
         ((_, lease_wait_s),) = compacts
         assert lease_wait_s > 1  # its own task comes back when the lease would lapse
     assert compacts[1:] == [("c-asked", 0.0)]  # and the release queues it at once
-    with svc.holding("c-asked", answer_requests=False) as held:
+    # A compaction on demand that took request a (and did not finish it) does not queue it.
+    with svc.holding("c-asked") as held:
         assert held.token is not None
+        held.taken_request = "a" * 32
     assert len(compacts) == 2
+    # ... but request b, asked for while it ran, is queued by its release at once.
+    with svc.holding("c-asked") as held:
+        held.taken_request = "a" * 32
+        svc.state.store_request("c-asked", CompactRequest(request_id="b" * 32))
+        assert svc.compact_requested("c-asked") == "deferred"
+    assert compacts[2][1] > 1 and compacts[3:] == [("c-asked", 0.0)]
     with svc.holding("c-asked") as held:  # nothing waits: nothing queued
-        svc.state.done_request("c-asked", "a" * 32)
-    assert len(compacts) == 2
+        svc.state.done_request("c-asked", "b" * 32)
+    assert len(compacts) == 4
 
 
 def test_a_follower_whose_cancellation_was_swallowed_stops_at_the_next_slice() -> None:

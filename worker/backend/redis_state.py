@@ -330,16 +330,27 @@ class RedisState:
         return bool(renewed)
 
     def release_lock(
-        self, conversation_id: str, token: str, *, with_request: bool = False
+        self,
+        conversation_id: str,
+        token: str,
+        *,
+        with_request: bool = False,
+        taken_request: str = "",
     ) -> Released:
         """Release the lock (while ``token`` still holds it) and take the re-run flag in the
         same step: :attr:`Released.rerun`, a snapshot came while it was held
         (:meth:`defer_to_holder`), evaluate again. While another worker holds the lock, the
         flag is left for that one. ``with_request``: also say whether a compaction on demand
-        waits (:attr:`Released.requested`)."""
+        waits (:attr:`Released.requested`), other than ``taken_request`` (the id of the one
+        the holder took itself)."""
         with redis_errors("releasing the conversation lock"):
             reply = self.scripts.run(
-                scripts.release(conversation_id, token=token, with_request=with_request)
+                scripts.release(
+                    conversation_id,
+                    token=token,
+                    with_request=with_request,
+                    taken_request=taken_request,
+                )
             )
         return Released(rerun=bool(reply[1]), requested=bool(reply[2]))
 

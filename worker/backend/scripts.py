@@ -281,7 +281,9 @@ def renew(conversation_id: str, *, token: str, lease_ms: int) -> Call:
     )
 
 
-def release(conversation_id: str, *, token: str, with_request: bool) -> Call:
+def release(
+    conversation_id: str, *, token: str, with_request: bool, taken_request: str = ""
+) -> Call:
     c = conversation_id
     return Call(
         "release",
@@ -290,7 +292,11 @@ def release(conversation_id: str, *, token: str, with_request: bool) -> Call:
             "rerun_key": keys.rerun(c),
             "requested_key": keys.requested(c),
         },
-        args={"token": token, "with_request": "1" if with_request else "0"},
+        args={
+            "token": token,
+            "with_request": "1" if with_request else "0",
+            "taken_request": taken_request,
+        },
     )
 
 

@@ -67,16 +67,18 @@ Outcome = Literal[
 ]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Hold:
     """What :meth:`Service.holding` got: the conversation's lock with its fencing ``token``
     and ``lost``, true once the lease lapsed meanwhile; or no token, because another worker
     holds the lock (``status`` ``held``) or the revision asked about has an outcome already
-    (``handled``)."""
+    (``handled``). A compaction on demand sets ``taken_request`` to the id of the request it
+    took, which the release then does not answer again."""
 
     status: LockStatus
     token: str | None
     lost: Callable[[], bool]
+    taken_request: str = ""
 
 
 @dataclass
@@ -287,7 +289,6 @@ class Service:
         unless_handled: int | None = None,
         after_lost: Callable[[], None] | None = None,
         during: str = "",
-        answer_requests: bool = True,
     ) -> Iterator[Hold]:
         """Hold the conversation while the body runs: its lock taken with a fresh fencing
         token and its lease renewed, the one way every compaction holds a conversation.
@@ -298,26 +299,30 @@ class Service:
         answered with ``after_lost``, and goes no further: the code after the ``with`` block
         runs. Whatever the body does, the lock is released, then a re-run flagged meanwhile
         (a snapshot that came during the compaction) queues an evaluation, which sees the
-        compacted history, and with ``answer_requests`` a compaction on demand that waits is
-        queued at once (its own task found the lock held and waits for the lease). A
-        compaction on demand holds with it off: a request it failed on would queue itself
-        again at every release."""
+        compacted history, and a compaction on demand that waits is queued at once (its own
+        task found the lock held and waits for the lease), unless it is the one the body took
+        (:attr:`Hold.taken_request`): a request a compaction on demand failed on would queue
+        itself again at every release."""
         lease_s = self.settings.redis.lock_lease_s
         claim = self.state.acquire_lock(conversation_id, lease_s, unless_handled=unless_handled)
         token = claim.token
         if token is None:
             yield Hold(claim.status, None, lambda: False)
             return
+        hold = Hold(claim.status, token, lambda: False)
         try:
             with self.state.lease(conversation_id, token, lease_s) as lost:
-                yield Hold(claim.status, token, lost.is_set)
+                hold.lost = lost.is_set
+                yield hold
         except LeaseLost:
             log.warning("lease lost on %s%s; not publishing", conversation_id, during)
             self.state.incr("leases_lost_total")
             if after_lost is not None:
                 after_lost()
         finally:
-            released = self.state.release_lock(conversation_id, token, with_request=answer_requests)
+            released = self.state.release_lock(
+                conversation_id, token, with_request=True, taken_request=hold.taken_request
+            )
             if released.rerun:
                 self.enqueue_evaluate(conversation_id)
             if released.requested:
@@ -469,16 +474,15 @@ class Service:
     def compact_requested(self, conversation_id: str) -> Outcome:
         """Compact the newest snapshot as the conversation's waiting request asks, whatever
         the threshold says: under the lock and lease, published with the fencing token, like
-        :meth:`summarize`. While a threshold or idle compaction holds the lock, its release
-        queues this again; while another compaction on demand does (or a holder died), it runs
-        again when that lease would lapse."""
+        :meth:`summarize`. While another compaction holds the lock, its release queues this
+        again; should the holder die, it runs again when that lease would lapse."""
         again = functools.partial(self.enqueue_compact, conversation_id, 0.0)
-        with self.holding(conversation_id, after_lost=again, answer_requests=False) as hold:
+        with self.holding(conversation_id, after_lost=again) as hold:
             if hold.token is None:
                 wait_s = self.state.lock_ttl_s(conversation_id)
                 self.enqueue_compact(conversation_id, wait_s + LOCK_RETRY_MARGIN_S)
                 return "deferred"
-            return self._compact_requested_locked(conversation_id, hold.token, hold.lost)
+            return self._compact_requested_locked(conversation_id, hold)
         return "lease_lost"
 
     # --- idle compaction ---------------------------------------------------------------------
@@ -538,13 +542,14 @@ class Service:
             return self._compact_idle_locked(conversation_id, hold.token, hold.lost, stage, timings)
         return "lease_lost"
 
-    def _compact_requested_locked(
-        self, conversation_id: str, token: str, lease_lost: Callable[[], bool]
-    ) -> Outcome:
+    def _compact_requested_locked(self, conversation_id: str, hold: Hold) -> Outcome:
+        assert hold.token is not None
+        token, lease_lost = hold.token, hold.lost
         work = self.state.take_request(conversation_id)
         request = work.request
         if request is None:
             return "superseded"  # done already (a redelivery), or nothing was asked
+        hold.taken_request = request.request_id
         if work.payload is None or work.latest is None:
             self.state.done_request(conversation_id, request.request_id)
             return "expired"  # the snapshot expired since the request was taken
