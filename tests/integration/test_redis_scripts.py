@@ -74,7 +74,7 @@ CALLS = [
     scripts.take(C, known_memo="d", idle=True),
     scripts.acquire(C, lease_ms=30_000, fence_ttl_s=604_800, unless_handled=None),
     scripts.renew(C, token="7", lease_ms=30_000),
-    scripts.release(C, token="7", with_request=True, taken_request="a" * 32),
+    scripts.release(C, token="7", taken_request="a" * 32),
     scripts.defer(C, ttl_s=86_400),
     scripts.request(C, request="{}", ttl_s=86_400),
     scripts.take_request(C),

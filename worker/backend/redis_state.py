@@ -122,7 +122,7 @@ class LockClaim:
 @dataclass(frozen=True)
 class Released:
     """What releasing a conversation's lock found waiting: a snapshot that came while it was
-    held (``rerun``), a compaction on demand (``requested``, when asked)."""
+    held (``rerun``), a compaction on demand (``requested``)."""
 
     rerun: bool = False
     requested: bool = False
@@ -330,27 +330,17 @@ class RedisState:
         return bool(renewed)
 
     def release_lock(
-        self,
-        conversation_id: str,
-        token: str,
-        *,
-        with_request: bool = False,
-        taken_request: str = "",
+        self, conversation_id: str, token: str, *, taken_request: str = ""
     ) -> Released:
         """Release the lock (while ``token`` still holds it) and take the re-run flag in the
         same step: :attr:`Released.rerun`, a snapshot came while it was held
         (:meth:`defer_to_holder`), evaluate again. While another worker holds the lock, the
-        flag is left for that one. ``with_request``: also say whether a compaction on demand
-        waits (:attr:`Released.requested`), other than ``taken_request`` (the id of the one
-        the holder took itself)."""
+        flag is left for that one. Also says whether a compaction on demand waits
+        (:attr:`Released.requested`) other than ``taken_request`` (the id of the one the
+        holder took itself)."""
         with redis_errors("releasing the conversation lock"):
             reply = self.scripts.run(
-                scripts.release(
-                    conversation_id,
-                    token=token,
-                    with_request=with_request,
-                    taken_request=taken_request,
-                )
+                scripts.release(conversation_id, token=token, taken_request=taken_request)
             )
         return Released(rerun=bool(reply[1]), requested=bool(reply[2]))
 

@@ -281,9 +281,7 @@ def renew(conversation_id: str, *, token: str, lease_ms: int) -> Call:
     )
 
 
-def release(
-    conversation_id: str, *, token: str, with_request: bool, taken_request: str = ""
-) -> Call:
+def release(conversation_id: str, *, token: str, taken_request: str = "") -> Call:
     c = conversation_id
     return Call(
         "release",
@@ -292,11 +290,7 @@ def release(
             "rerun_key": keys.rerun(c),
             "requested_key": keys.requested(c),
         },
-        args={
-            "token": token,
-            "with_request": "1" if with_request else "0",
-            "taken_request": taken_request,
-        },
+        args={"token": token, "taken_request": taken_request},
     )
 
 

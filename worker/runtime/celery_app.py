@@ -75,8 +75,8 @@ __all__ = [
 
 
 # How a worker's own task messages (a summary handed on, an evaluation after a lost lease or a
-# release, a retry) ride out a broker that blinks: about 12 s of attempts, as long as the state's
-# Redis client rides out a restart and longer than the client's submit. Celery's default (three
+# release, a retry) ride out a broker that blinks: about 12 s of attempts, longer than the
+# state's Redis client rides out a restart (about 5 s). Celery's default (three
 # attempts in 0.6 s) gave up while a restarted Redis was still loading: the evaluation whose
 # hand-off failed was acknowledged as failed, a retry whose message could not be sent was
 # rejected for good, and the conversation waited for the reconciler.

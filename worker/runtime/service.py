@@ -321,7 +321,7 @@ class Service:
                 after_lost()
         finally:
             released = self.state.release_lock(
-                conversation_id, token, with_request=True, taken_request=hold.taken_request
+                conversation_id, token, taken_request=hold.taken_request
             )
             if released.rerun:
                 self.enqueue_evaluate(conversation_id)
