@@ -206,6 +206,47 @@ def test_a_submit_whose_reply_was_lost_is_still_queued(redis_url: str) -> None:
         r.close()
 
 
+def test_a_lock_taken_or_released_whose_reply_was_lost_answers_as_its_first_run(
+    redis_url: str,
+) -> None:
+    """The lock scripts run, and the connection breaks before their replies arrive; redis-py
+    runs each again. Taken twice, the lock is still this worker's (answering ``held`` deferred
+    its compaction for a whole lease); released twice, the release still says a snapshot came
+    while it was held (the first run had taken the flag, so the evaluation waited for the
+    deferred summarize, a lease later)."""
+    port = urlsplit(redis_url).port
+    assert port is not None
+    r = redis.Redis.from_url(redis_url)
+    direct = RedisState(connect(redis_url), Settings().redis)
+    relays = [ReplyDroppingRelay(port) for _ in range(2)]
+    marker = keys.lock_reply("c-lost-lock").encode()
+    try:
+        taking = RedisState(connect(relays[0].url), Settings().redis)
+        assert taking.acquire_lock("c-warm", 20.0).status == "taken"  # scripts loaded
+        relays[0].marker = marker
+        claim = taking.acquire_lock("c-lost-lock", 20.0)
+        assert relays[0].dropped.is_set(), "the relay should have swallowed the lock's reply"
+        assert claim.status == "taken" and claim.token is not None
+        assert r.get(keys.lock("c-lost-lock")) == claim.token.encode()
+        # Another worker is still refused, and a snapshot that comes now flags a re-run.
+        assert direct.acquire_lock("c-lost-lock", 20.0).status == "held"
+        assert direct.defer_to_holder("c-lost-lock") > 0
+        releasing = RedisState(connect(relays[1].url), Settings().redis)
+        assert not releasing.release_lock("c-warm", "no-such-token").rerun  # scripts loaded
+        relays[1].marker = marker
+        released = releasing.release_lock("c-lost-lock", claim.token)
+        assert relays[1].dropped.is_set(), "the relay should have swallowed the release's reply"
+        assert released.rerun
+        assert not r.exists(keys.lock("c-lost-lock"), keys.rerun("c-lost-lock"))
+        # The lock is free for anyone now, and an old token's release takes nothing.
+        assert direct.acquire_lock("c-lost-lock", 20.0).status == "taken"
+        assert not direct.release_lock("c-lost-lock", claim.token).rerun
+    finally:
+        for relay in relays:
+            relay.close()
+        r.close()
+
+
 def test_followers_receive_events_while_submits_run(redis_url: str) -> None:
     async def scenario() -> list[str]:
         client = client_for(redis_url)

@@ -18,6 +18,7 @@ the braces. Layout 1 (``cw:snap:<conv>:<rev>``, ...) is not read any more.
 | ``cw:{conv}:handled`` | string (int) | evaluate | ``stream_ttl_s`` |
 | ``cw:{conv}:queued`` | string flag | submit (NX) / evaluate (DEL) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:lock`` | string (fencing token) | summarize | lease (``lock_lease_s``), renewed |
+| ``cw:{conv}:lockreply`` | string | taking and releasing the lock | the lease; 60 s |
 | ``cw:{conv}:fence`` | string (int counter) | summarize | ``stream_ttl_s`` |
 | ``cw:{conv}:rerun`` | string flag | evaluate while locked / release (DEL) | ``snapshot_ttl_s`` |
 | ``cw:{conv}:memo`` | hash: ``d`` digest, ``b`` JSON | evaluate (skipped) | ``snapshot_ttl_s`` |
@@ -110,6 +111,7 @@ __all__ = [
     "last_compaction",
     "latest",
     "lock",
+    "lock_reply",
     "memo",
     "proposal",
     "proxy_revision",
@@ -152,6 +154,12 @@ def queued(conversation_id: str) -> str:
 
 def lock(conversation_id: str) -> str:
     return _conversation_key(conversation_id, "lock")
+
+
+def lock_reply(conversation_id: str) -> str:
+    """The lock's last taking or release and what it answered: a script run again after its
+    reply was lost answers as its first run did."""
+    return _conversation_key(conversation_id, "lockreply")
 
 
 def fence(conversation_id: str) -> str:

@@ -71,6 +71,9 @@ _IDLE_TENANTS_PER_CALL = 100  # tenants per call of the take script: each call b
 NO_TENANT = "-"  # the idle index's tenant of an id without a tenant prefix
 TENANT_INDEX_MAX = 10_000  # conversations kept in a tenant's index (the newest by activity)
 LAST_COMPACTIONS = 8  # completed compactions kept to re-apply to snapshots taken before them
+# How long a release's answer is remembered for the same release run again after its reply was
+# lost: the client's retries end within seconds (worker.backend.connection).
+LOCK_REPLY_TTL_MS = 60_000
 
 SubmitStatus = Literal["queued", "coalesced", "superseded"]
 PublishStatus = Literal["published", "duplicate"]
@@ -316,6 +319,7 @@ class RedisState:
                     lease_ms=int(lease_s * 1000),
                     fence_ttl_s=self.config.stream_ttl_s,
                     unless_handled=unless_handled,
+                    claim=uuid.uuid4().hex,
                 )
             )
         status = as_text(reply[0])
@@ -340,7 +344,12 @@ class RedisState:
         holder took itself)."""
         with redis_errors("releasing the conversation lock"):
             reply = self.scripts.run(
-                scripts.release(conversation_id, token=token, taken_request=taken_request)
+                scripts.release(
+                    conversation_id,
+                    token=token,
+                    taken_request=taken_request,
+                    reply_ttl_ms=LOCK_REPLY_TTL_MS,
+                )
             )
         return Released(rerun=bool(reply[1]), requested=bool(reply[2]))
 

@@ -259,16 +259,27 @@ def take(conversation_id: str, *, known_memo: str, idle: bool) -> Call:
 
 
 def acquire(
-    conversation_id: str, *, lease_ms: int, fence_ttl_s: int, unless_handled: int | None
+    conversation_id: str,
+    *,
+    lease_ms: int,
+    fence_ttl_s: int,
+    unless_handled: int | None,
+    claim: str = "",
 ) -> Call:
     c = conversation_id
     return Call(
         "acquire",
-        keys={"lock_key": keys.lock(c), "fence_key": keys.fence(c), "handled_key": keys.handled(c)},
+        keys={
+            "lock_key": keys.lock(c),
+            "fence_key": keys.fence(c),
+            "handled_key": keys.handled(c),
+            "reply_key": keys.lock_reply(c),
+        },
         args={
             "lease_ms": lease_ms,
             "fence_ttl_s": fence_ttl_s,
             "unless_handled": "" if unless_handled is None else unless_handled,
+            "claim": claim,
         },
     )
 
@@ -281,7 +292,9 @@ def renew(conversation_id: str, *, token: str, lease_ms: int) -> Call:
     )
 
 
-def release(conversation_id: str, *, token: str, taken_request: str = "") -> Call:
+def release(
+    conversation_id: str, *, token: str, taken_request: str = "", reply_ttl_ms: int
+) -> Call:
     c = conversation_id
     return Call(
         "release",
@@ -289,8 +302,9 @@ def release(conversation_id: str, *, token: str, taken_request: str = "") -> Cal
             "lock_key": keys.lock(c),
             "rerun_key": keys.rerun(c),
             "requested_key": keys.requested(c),
+            "reply_key": keys.lock_reply(c),
         },
-        args={"token": token, "taken_request": taken_request},
+        args={"token": token, "taken_request": taken_request, "reply_ttl_ms": reply_ttl_ms},
     )
 
 
