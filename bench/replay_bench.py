@@ -24,7 +24,9 @@ first compaction's range.
     .venv/bin/python bench/replay_bench.py [--sample N] [--threshold-share 0.12]
         [--target-share S] [--min-gain-share S] [--set KEY=VALUE ...] [--json PATH]
 
-Prints Markdown: recall by compactions undergone (all facts, early facts, error names); the
+Prints Markdown: recall by compactions undergone (all facts, early facts, error names), and
+what it would be were every gold fact kept that the summarizer was given as a code name, or
+that is shaped as one at all (what listing more names could win, and what no list can); the
 summary's size and composition by section over successive compactions (the share of its
 characters under each heading); how much of an earlier summary's errors, files and names the
 next one states again; and how compactions were paced (on consecutive turns, the share of the
@@ -55,7 +57,7 @@ from needed_later import sample
 
 from worker.client import apply_compaction
 from worker.config import CompactionConfig, Settings
-from worker.core.identifiers import CALLS, OUTPUT, TEXT, USER, code_names
+from worker.core.identifiers import CALLS, OUTPUT, TEXT, USER, code_names, names_in, shown_by
 from worker.errors import CompactorError
 from worker.pipeline import Adapters, Pipeline
 from worker.reuse import Reuse
@@ -202,6 +204,11 @@ class Compacted:
     early: list[Fact]  # the gold facts first seen in the first compaction's range
     errors: list[Fact]
     errors_kept: list[Fact]
+    # The gold facts a code-name list could have kept: those this summarizer was given as code
+    # names (in the range's messages, the earlier summary), and those with the shape of one
+    # besides, whatever an earlier compaction gave up.
+    given: list[Fact] = field(default_factory=list)
+    shaped: list[Fact] = field(default_factory=list)
     carried_over: dict[str, tuple[int, int]] = field(default_factory=dict)
     # By where the range held a name (or only the earlier summary): (used again later, names).
     used_again: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -236,6 +243,8 @@ class Compacted:
             "early": len(self.early),
             "errors": len(self.errors),
             "errors_missed": [f.text for f in self.errors if f not in errors_kept],
+            "given": len(self.given),
+            "shaped": len(self.shaped),
             "carried_over": {k: list(v) for k, v in self.carried_over.items()},
             "used_again": {k: list(v) for k, v in self.used_again.items()},
         }
@@ -399,6 +408,12 @@ def _measured(
     early = "\n".join(message_text(m) for m in original[start:first_end])
     summary = event.compaction.summary.text
     said_later = "\n".join(message_text(m) for m in original[cut:] if m.get("role") == "assistant")
+    kept = [f for f in gold if occurs(f, text)]
+    given = listable_names(
+        "\n".join(message_text(m) for m in original[spans[-2] : end])
+        + "\n"
+        + (previous.summary if previous else "")
+    )
     c = event.compaction
     return Compacted(
         conversation=name,
@@ -413,7 +428,9 @@ def _measured(
         tokens_after=c.tokens_after,
         summary=summary,
         gold=gold,
-        kept=[f for f in gold if occurs(f, text)],
+        kept=kept,
+        given=[f for f in gold if f in kept or f.text in given],
+        shaped=[f for f in gold if f in kept or f.text in given or is_code_name(f.text)],
         early=[f for f in gold if occurs(f, early)],
         errors=errors,
         errors_kept=[f for f in errors if occurs(f, text)],
@@ -422,6 +439,20 @@ def _measured(
             original[spans[-2] : end], previous.summary if previous else None, said_later
         ),
     )
+
+
+def listable_names(text: str) -> set[str]:
+    """The code names a text holds (``worker.core.identifiers``), and every shorter name each
+    shows whole: what a summary listing names could have kept of it."""
+    found = set(names_in(text))
+    for name in list(found):
+        found.update(shown_by(name))
+    return found
+
+
+def is_code_name(word: str) -> bool:
+    """Whether ``word`` is a code name by its shape alone (no call or definition needed)."""
+    return word in listable_names(f" {word} ")
 
 
 # --- which names the agent uses again ---------------------------------------------------------
@@ -523,6 +554,31 @@ def recall_table(points: list[Compacted]) -> list[str]:
             f"{score:.3f} | {ratio(kept, gold)} | {early} | {ratio(early_kept, early)} | "
             f"{errors} | {ratio(errors_kept, errors)} |"
         )
+    return rows
+
+
+def ceiling_table(points: list[Compacted]) -> list[str]:
+    """Mean recall by compactions undergone, and what it would be were every gold fact kept
+    that this compaction's summarizer was given as a code name (the range's and the earlier
+    summary's), or that is shaped as one at all (whatever an earlier compaction gave up): what
+    listing more names could win, and what no list of names can (plain words)."""
+    rows = [
+        "| compactions undergone | mean recall | every name given kept | every shaped name kept |",
+        "|---|---|---|---|",
+    ]
+    for label, low, high in [*BUCKETS, ("all", 1, 1 << 30)]:
+        scored = [c for c in points if in_bucket(c, low, high) and c.gold]
+        if not scored:
+            continue
+        shares = [
+            mean([len(facts(c)) / len(c.gold) for c in scored])
+            for facts in (
+                lambda c: c.kept,
+                lambda c: c.given,
+                lambda c: c.shaped,
+            )
+        ]
+        rows.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in shares) + " |")
     return rows
 
 
@@ -665,6 +721,10 @@ def report(replays: list[Replayed], args: argparse.Namespace, seconds: float) ->
             "### Recall by compactions undergone",
             "",
             *recall_table(points),
+            "",
+            "### What more names could win (recall were every such gold fact kept)",
+            "",
+            *ceiling_table(points),
             "",
             "### The summary over successive compactions (share of its characters)",
             "",

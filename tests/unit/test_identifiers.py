@@ -320,6 +320,26 @@ def test_names_only_a_directory_listing_printed_come_last() -> None:
     assert listed.index("newer_listed_page.rst") < listed.index("listed_module_0.py")
 
 
+def test_a_listings_entries_beside_what_the_range_works_on_come_first() -> None:
+    """Of the names an ``ls -R`` printed, those sharing a word with what the range touched or
+    said come first (the agent read ``pkg/sampled.py``: ``test_sampled.py`` is the test it
+    goes on to run, and its directory), so they are the ones a tight bound keeps; a word most
+    entries hold (``module``) relates none of them, and the others keep the listing's order."""
+    listing = "\n".join(f"module_{k}.py" for k in range(60)) + "\npkg/tests:\ntest_sampled.py\n"
+    messages = [
+        _call("1", "ls -R", "Listing the package to find each module."),
+        _result("1", listing),
+        _call("2", "cat pkg/sampled.py"),
+        _result("2", "x = 1\n"),
+    ]
+    listed = _names_of(_digest(messages).text, OUTPUT_NAMES)
+    # ``pkg/tests`` shares ``pkg`` with the file read: related too.
+    assert set(listed[:2]) == {"test_sampled.py", "pkg/tests"}, listed[:5]
+    assert listed[2:5] == ["module_0.py", "module_1.py", "module_2.py"]
+    tight = _names_of(_digest(messages, bound=120).text, OUTPUT_NAMES)
+    assert "test_sampled.py" in tight and "module_59.py" not in tight
+
+
 def _snapshot(messages: list[dict[str, Any]], **compaction: Any) -> dict[str, Any]:
     return {
         "conversation_id": "names",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import NamedTuple
 
 from worker.core.facts import Facts
@@ -80,9 +81,12 @@ def _names(
     passed = [n for n in before_printed if n not in shown]
     shown.update(passed)
     # Only a directory listing printed them: names of files, which the agent names again
-    # least of all (and lists again when it needs them); this range's first.
+    # least of all (and lists again when it needs them); this range's first, those beside
+    # what the range works on before the others.
     new_files = [n for m in request.messages if m.id in listings for n in names_in(m.content)]
     listed_here = [n for n in dict.fromkeys(new_files) if n not in shown and n not in listed]
+    if listed_here:
+        listed_here = _related_first(listed_here, _range_words(request.messages, files))
     shown.update(listed_here)
     passed_files = [n for n in was_listed if n not in shown]
     said = (
@@ -97,6 +101,44 @@ def _names(
     printed += [(_LISTED_LABEL, n) for n in [*listed_here, *passed_files]]
     listed_names, printed = _longest_first([*used, *carried, *users], printed)
     return _Names(listed_names, said), _Names(printed, outputs)
+
+
+# A word of a name or a text, as a listing entry and the range are compared (lower-cased).
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]{2,}")
+# A word more than this share of a listing's entries hold relates nothing (``tests``, ``py``).
+_COMMON_WORD_SHARE = 0.05
+_MIN_COMMON_WORD = 3  # entries a word may be in and still relate (small listings)
+
+
+def _words(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(text)}
+
+
+def _range_words(messages: list[Message], files: list[tuple[str, list[str]]]) -> set[str]:
+    """The words of what the range is about: the files it touched, the agent's text and
+    calls, the user's messages (not the tools' outputs, which the listings are among)."""
+    words = {w for path, _ in files for w in _words(path)}
+    for m in messages:
+        if m.role in ("assistant", "user"):
+            words |= _words(m.content)
+            for call in m.tool_calls:
+                words |= _words(call.arguments)
+    return words
+
+
+def _related_first(entries: list[str], context: set[str]) -> list[str]:
+    """A directory listing's entries, those that share more words with the range first
+    (``test_sampled.py`` when the agent read ``sampled.py``; ``tests/utils_tests`` when it
+    talked of utils), else in the listing's order: of the hundreds of names an ``ls -R``
+    prints, those the agent goes on to open are mostly beside what it works on. A word most
+    entries hold relates nothing."""
+    entry_words = [_words(e) for e in entries]
+    held = Counter(w for words in entry_words for w in words)
+    most = max(_MIN_COMMON_WORD, int(len(entries) * _COMMON_WORD_SHARE))
+    related = {w for w, n in held.items() if n <= most} & context
+    shared = [len(words & related) for words in entry_words]
+    order = sorted(range(len(entries)), key=lambda k: -shared[k])
+    return [entries[k] for k in order]
 
 
 def _listing_results(messages: list[Message]) -> set[str]:
