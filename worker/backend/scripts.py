@@ -264,7 +264,7 @@ def acquire(
     lease_ms: int,
     fence_ttl_s: int,
     unless_handled: int | None,
-    claim: str = "",
+    claim: str,
 ) -> Call:
     c = conversation_id
     return Call(

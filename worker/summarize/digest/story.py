@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from typing import NamedTuple
 
-from worker.core.facts import Facts
+from worker.core.facts import Facts, argument_strings
 from worker.core.files import only_lists
 from worker.core.identifiers import CALLS, TEXT, USER, code_names, is_path, names_in, shown_by
 from worker.summarize import SummaryRequest
@@ -122,7 +122,7 @@ def _range_words(messages: list[Message], files: list[tuple[str, list[str]]]) ->
         if m.role in ("assistant", "user"):
             words |= _words(m.content)
             for call in m.tool_calls:
-                words |= _words(call.arguments)
+                words.update(w for s in argument_strings(call.arguments) for w in _words(s))
     return words
 
 
@@ -136,9 +136,8 @@ def _related_first(entries: list[str], context: set[str]) -> list[str]:
     held = Counter(w for words in entry_words for w in words)
     most = max(_MIN_COMMON_WORD, int(len(entries) * _COMMON_WORD_SHARE))
     related = {w for w, n in held.items() if n <= most} & context
-    shared = [len(words & related) for words in entry_words]
-    order = sorted(range(len(entries)), key=lambda k: -shared[k])
-    return [entries[k] for k in order]
+    shared = {e: len(words & related) for e, words in zip(entries, entry_words, strict=True)}
+    return sorted(entries, key=lambda e: -shared[e])
 
 
 def _listing_results(messages: list[Message]) -> set[str]:
