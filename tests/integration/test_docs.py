@@ -5,7 +5,6 @@ of README.md and docs/ run as written (tests/support/docs_runner.py) or validate
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import random
 import re
@@ -19,6 +18,7 @@ import pytest
 import redis
 from pydantic import BaseModel
 from support.docs_runner import RUN, Block, blocks
+from support.hosts_support import loopback_namespace_unavailable
 
 from worker.backend import keys
 from worker.backend.connection import redis_errors
@@ -247,27 +247,12 @@ def test_the_readme_lists_every_extra() -> None:
     assert listed == extras()
 
 
-@functools.cache
-def namespaces_unavailable() -> str | None:
-    """Why a page cannot get a network namespace of its own here (None: it can)."""
-    try:
-        subprocess.run(
-            ["unshare", "--user", "--map-root-user", "--net", "true"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"unshare --user --net is not available: {exc}"
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_every_block_of_a_page_runs_as_written(page: str, subprocesses: None) -> None:
     """The page's blocks, in order, in a scratch checkout, in a network namespace with only
     loopback (tests/support/docs_runner.py says what each page gets)."""
-    reason = namespaces_unavailable()
+    reason = loopback_namespace_unavailable()
     if reason:
         pytest.skip(reason)
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("COMPACTOR_")}

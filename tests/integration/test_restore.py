@@ -10,10 +10,9 @@ import json
 import time
 from typing import Any
 
-import openai
 import pytest
 from jsonschema import Draft202012Validator
-from support.http_support import KEY_A, KEY_B, Stack, proxy_config
+from support.http_support import KEY_B, Stack, first_proxy_turn, proxy_agent, proxy_config
 from support.inspector_support import submit, wait_for_type
 from support.service_support import REPO_ROOT, client_for, conversation
 
@@ -156,18 +155,8 @@ def test_restoring_the_newest_of_two_takes_the_composition_back_one(stack: Stack
 def test_the_proxy_forwards_what_the_agent_had_after_a_restore(
     stack: Stack, llm: StandinLLM
 ) -> None:
-    client = openai.OpenAI(
-        base_url=f"{stack.base}/proxy/openai/v1",
-        api_key=AGENT_KEY,
-        max_retries=0,
-        default_headers={"X-Compactor-Conversation": "r-proxy", "X-Compactor-Key": KEY_A},
-    )
-    with client:
-        history = conversation("x", 12)["messages"][:-1]
-        for m in history:
-            m.pop("id")
-        first = client.chat.completions.create(model="gpt-4.1", messages=history)
-        history.append({"role": "assistant", "content": first.choices[0].message.content})
+    with proxy_agent(stack, "r-proxy", AGENT_KEY) as client:
+        history = first_proxy_turn(client)
         events = wait_for_type(stack, "r-proxy", "compaction.completed")
         done = next(e for e in events if e["type"] == "compaction.completed")
         history.append({"role": "user", "content": "Now run the tests."})

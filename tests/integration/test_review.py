@@ -15,10 +15,9 @@ import time
 import types
 from typing import Any
 
-import openai
 import pytest
 from jsonschema import Draft202012Validator
-from support.http_support import KEY_A, KEY_B, Stack
+from support.http_support import KEY_A, KEY_B, Stack, first_proxy_turn, proxy_agent
 from support.inspector_support import csrf_of, sign_in, submit, wait_for_type
 from support.service_support import REPO_ROOT, client_for, conversation
 
@@ -285,18 +284,8 @@ def test_a_session_applies_a_held_compaction_only_once_approved(stack: Stack) ->
 
 
 def test_the_proxy_forwards_the_whole_history_until_approved(stack: Stack, llm: StandinLLM) -> None:
-    client = openai.OpenAI(
-        base_url=f"{stack.base}/proxy/openai/v1",
-        api_key=AGENT_KEY,
-        max_retries=0,
-        default_headers={"X-Compactor-Conversation": "h-proxy", "X-Compactor-Key": KEY_A},
-    )
-    with client:
-        history = conversation("x", 12)["messages"][:-1]
-        for m in history:
-            m.pop("id")
-        first = client.chat.completions.create(model="gpt-4.1", messages=history)
-        history.append({"role": "assistant", "content": first.choices[0].message.content})
+    with proxy_agent(stack, "h-proxy", AGENT_KEY) as client:
+        history = first_proxy_turn(client)
         proposed = proposal_of(stack, "h-proxy")
         history.append({"role": "user", "content": "Now run the tests."})
         held = client.chat.completions.with_raw_response.create(model="gpt-4.1", messages=history)

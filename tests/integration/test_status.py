@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support.hosts_support import loopback_namespace_unavailable
 from support.service_support import BROKERS, REPO_ROOT, ServiceEnv, client_for, conversation
 
 from worker.runtime.fleet import classify_workers
@@ -104,27 +105,13 @@ def test_classify_workers_by_queue() -> None:
     assert classify_workers({}) == {"evaluate": [], "summarize": []}
 
 
-def _namespaces_unavailable() -> str | None:
-    """Why no network namespace of our own can be made here (None: it can)."""
-    try:
-        subprocess.run(
-            ["unshare", "--user", "--map-root-user", "--net", "true"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"unshare --user --net is not available: {exc}"
-    return None
-
-
 def test_status_without_a_redis_url_says_it_is_unset_and_where_it_looked(
     tmp_path: Path, subprocesses: None
 ) -> None:
     """Run where nothing listens on the built-in default (a network namespace of its own, so no
     Redis of this machine is touched): the first line says no URL is set and where it looked,
     then the failure to reach the default follows."""
-    reason = _namespaces_unavailable()
+    reason = loopback_namespace_unavailable()
     if reason:
         pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTOR_")}

@@ -12,6 +12,7 @@ Needs root and ``ip`` (iproute2); :func:`network_or_skip` says why it cannot run
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import secrets
 import shutil
@@ -85,6 +86,22 @@ class Network:
     def run_prefix(self, host: str) -> list[str]:
         """Prepend to a command to run it on ``host``."""
         return ["ip", "netns", "exec", self.namespaces[host]]
+
+
+@functools.cache
+def loopback_namespace_unavailable() -> str | None:
+    """Why a process cannot get a network namespace of its own (only loopback) here, through
+    ``unshare --user --net``; None when it can. Unlike :func:`network_or_skip` it needs no root."""
+    try:
+        subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--net", "true"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unshare --user --net is not available: {exc}"
+    return None
 
 
 def network_or_skip() -> None:

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from support.service_support import (
     StartedWorkers,
     Workers,
+    conversation,
     own_database,
     started_workers,
     write_config,
@@ -140,6 +142,28 @@ auto_compact_threshold_percent = "none"
 {extra}[proxy]
 openai_base_url = "{llm.openai_base_url}"
 {anthropic_url}"""
+
+
+def proxy_agent(stack: Stack, conversation_id: str, agent_key: str) -> openai.OpenAI:
+    """The official OpenAI client of an agent behind the stack's proxy: its own ``agent_key``
+    for the model, conversation ``conversation_id`` of tenant A, no retries."""
+    return openai.OpenAI(
+        base_url=f"{stack.base}/proxy/openai/v1",
+        api_key=agent_key,
+        max_retries=0,
+        default_headers={"X-Compactor-Conversation": conversation_id, "X-Compactor-Key": KEY_A},
+    )
+
+
+def first_proxy_turn(client: openai.OpenAI) -> list[dict[str, Any]]:
+    """A twelve-message history sent through the proxy once, with the model's answer appended:
+    over the proxy tests' threshold, so the service compacts it."""
+    history: list[dict[str, Any]] = conversation("x", 12)["messages"][:-1]
+    for m in history:
+        m.pop("id")
+    first = client.chat.completions.create(model="gpt-4.1", messages=history)
+    history.append({"role": "assistant", "content": first.choices[0].message.content})
+    return history
 
 
 #: The stack's config where its module declares none.

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.bash_turns import bash_call, bash_result
 
 from worker.core.facts import extract_facts, key_argument
 from worker.core.files import (
@@ -81,10 +82,10 @@ def test_one_path_is_listed_once_however_spelled() -> None:
     assert normalize_path("./internal/llm/") == "internal/llm"
     assert normalize_path("internal//llm/./x.go") == "internal/llm/x.go"
     messages = [
-        _call("c1", "ls internal/llm"),
-        _result("c1", "client.go\n"),
-        _call("c2", "ls ./internal/llm/"),
-        _result("c2", "client.go\n"),
+        bash_call("c1", "ls internal/llm"),
+        bash_result("c1", "client.go\n"),
+        bash_call("c2", "ls ./internal/llm/"),
+        bash_result("c2", "client.go\n"),
     ]
     assert extract_facts(messages).paths == ["internal/llm"]
 
@@ -163,22 +164,6 @@ def test_an_output_is_searched_only_when_the_call_used_files() -> None:
     assert _bash("cat x.py y.py", refused.split("\n", 1)[1]) == ["y.py"]  # x.py is missing
 
 
-def _call(cid: str, command: str, text: str = "") -> Message:
-    call = ToolCall(id=cid, name="bash", arguments=json.dumps({"command": command}))
-    return Message(id=f"a{cid}", role="assistant", content=text, tool_calls=(call,), source_index=0)
-
-
-def _result(cid: str, output: str, rc: int = 0) -> Message:
-    return Message(
-        id=f"r{cid}",
-        role="tool",
-        tool_call_id=cid,
-        tool_name="bash",
-        content=f"<returncode>{rc}</returncode>\n<output>\n{output}</output>",
-        source_index=0,
-    )
-
-
 def _digest(messages: list[Message], previous: str | None = None) -> str:
     request = SummaryRequest(
         conversation_id="c",
@@ -201,16 +186,16 @@ def _session() -> list[Message]:
         Message(
             id="u", role="user", content="Fix the alias bug in qs.alias handling.", source_index=0
         ),
-        _call("1", "grep -rn 'qs.alias' django/db/models/query.py", "Let me look for it."),
-        _result("1", "120:    qs.alias(x)\n"),
-        _call(
+        bash_call("1", "grep -rn 'qs.alias' django/db/models/query.py", "Let me look for it."),
+        bash_result("1", "120:    qs.alias(x)\n"),
+        bash_call(
             "2",
             "sed -i 's/return/yield/' django/db/models/query.py",
             "The bug is that alias() returns early, so the annotation is lost. I will fix it.",
         ),
-        _result("2", ""),
-        _call("3", "python reproduce.py", "Let me run the reproduction."),
-        _result("3", "OK\n"),
+        bash_result("2", ""),
+        bash_call("3", "python reproduce.py", "Let me run the reproduction."),
+        bash_result("3", "OK\n"),
     ]
 
 
@@ -241,7 +226,7 @@ def test_latest_state_is_the_last_conclusion_not_an_announcement() -> None:
 
 def test_files_accumulate_from_an_earlier_digest_with_their_kinds() -> None:
     first = _digest(_session())
-    later = [_call("9", "cat docs/ref.rst"), _result("9", "text\n")]
+    later = [bash_call("9", "cat docs/ref.rst"), bash_result("9", "text\n")]
     files = dict(parse_files(_section(_digest(later, previous=first), "Files touched")))
     assert files["django/db/models/query.py"] == ["read", "edited"]
     assert files["docs/ref.rst"] == ["read"]

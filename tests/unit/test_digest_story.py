@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types import chat
+from support.bash_turns import bash_call, bash_result
 
 from worker.config import CompactionConfig, Settings
 from worker.core.planning import (
@@ -46,7 +47,7 @@ from worker.tokens import count_tokens, tokenizer_for
 from worker.transcripts.filesystem import FileStore
 from worker.wire.events import CompletedEvent
 from worker.wire.formats import to_messages
-from worker.wire.models import Message, ToolCall
+from worker.wire.models import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
 from corpus import conversations, corpus_dir
@@ -56,22 +57,6 @@ Wire = dict[str, Any]
 
 
 # --- the digest, one range after another -------------------------------------------------------
-
-
-def _call(cid: str, command: str, text: str = "") -> Message:
-    call = ToolCall(id=cid, name="bash", arguments=json.dumps({"command": command}))
-    return Message(id=f"a{cid}", role="assistant", content=text, tool_calls=(call,), source_index=0)
-
-
-def _result(cid: str, output: str, rc: int = 0) -> Message:
-    return Message(
-        id=f"r{cid}",
-        role="tool",
-        tool_call_id=cid,
-        tool_name="bash",
-        content=f"<returncode>{rc}</returncode>\n<output>\n{output}</output>",
-        source_index=0,
-    )
 
 
 def _said(mid: str, role: str, text: str) -> Message:
@@ -103,12 +88,12 @@ TRACEBACK = (
 def _first_range() -> list[Message]:
     return [
         _said("u1", "user", "Make parse_list in src/parser.py accept trailing commas."),
-        _call("1", "grep -n parse_list src/parser.py", "Let me find parse_list."),
-        _result("1", "40:def parse_list(tokens):\n"),
-        _call("2", "python -m pytest tests/test_parser.py -q", "Running the parser tests."),
-        _result("2", TRACEBACK, rc=1),
-        _call("3", "python tools/lint_grammar.py", "Checking the grammar lint as well."),
-        _result("3", "Error: grammar.lark line 3: unknown rule\n", rc=2),
+        bash_call("1", "grep -n parse_list src/parser.py", "Let me find parse_list."),
+        bash_result("1", "40:def parse_list(tokens):\n"),
+        bash_call("2", "python -m pytest tests/test_parser.py -q", "Running the parser tests."),
+        bash_result("2", TRACEBACK, rc=1),
+        bash_call("3", "python tools/lint_grammar.py", "Checking the grammar lint as well."),
+        bash_result("3", "Error: grammar.lark line 3: unknown rule\n", rc=2),
         _said(
             "a4",
             "assistant",
@@ -120,14 +105,14 @@ def _first_range() -> list[Message]:
 
 def _second_range() -> list[Message]:
     return [
-        _call(
+        bash_call(
             "5",
             "sed -i 's/expect(COMMA)/accept(COMMA)/' src/parser.py",
             "Skip the trailing comma in parse_list before the closing bracket.",
         ),
-        _result("5", ""),
-        _call("6", "python tools/lint_grammar.py --fix"),
-        _result("6", "fixed 1 rule\n"),
+        bash_result("5", ""),
+        bash_call("6", "python tools/lint_grammar.py --fix"),
+        bash_result("6", "fixed 1 rule\n"),
         _said(
             "a7",
             "assistant",
@@ -169,7 +154,7 @@ def test_an_earlier_digest_is_merged_section_by_section_not_nested() -> None:
 
 def test_an_unresolved_error_an_earlier_summary_listed_stays_open_until_fixed() -> None:
     first = _digest(_first_range())
-    unrelated = [_call("9", "ls docs"), _result("9", "index.md\n")]
+    unrelated = [bash_call("9", "ls docs"), bash_result("9", "index.md\n")]
     second = _digest(unrelated, previous=first)
     assert "unknown rule -> not resolved in range" in _section(second, "Errors seen")
     assert "`python tools/lint_grammar.py` still failing" in _section(second, "Task state")
@@ -181,8 +166,8 @@ def _names_range(k: int, names: int) -> list[Message]:
     """A range whose commands use ``names`` new names, with a conclusion and a failed call."""
     used = " ".join(f"helper_{k}_{n}" for n in range(names))
     return [
-        _call(f"{k}a", f"python run.py {used}", f"Trying the helpers of round {k}."),
-        _result(f"{k}a", f"RuntimeError: round {k} failed\n", rc=1),
+        bash_call(f"{k}a", f"python run.py {used}", f"Trying the helpers of round {k}."),
+        bash_result(f"{k}a", f"RuntimeError: round {k} failed\n", rc=1),
         _said(
             f"c{k}",
             "assistant",
@@ -235,8 +220,10 @@ def test_quoted_text_never_opens_a_section() -> None:
     text = _digest(
         [
             _said("u1", "user", task),
-            _call("1", "make all", "## Status\nThe build is red because the vendored zlib moved."),
-            _result("1", "ok\n"),
+            bash_call(
+                "1", "make all", "## Status\nThe build is red because the vendored zlib moved."
+            ),
+            bash_result("1", "ok\n"),
         ]
     )
     assert {t for t, _ in headings(text)} <= KNOWN_TITLES
@@ -264,7 +251,8 @@ def test_an_llm_summary_is_read_section_by_section() -> None:
         ]
     )
     text = _digest(
-        [_call("1", "cat importer/load.py"), _result("1", "def load_rows(): ...\n")], previous
+        [bash_call("1", "cat importer/load.py"), bash_result("1", "def load_rows(): ...\n")],
+        previous,
     )
     assert _section(text, "Goal") == "Make the importer idempotent."
     assert _section(text, "Decisions") == "- Use an upsert keyed on `row_id`."

@@ -10,6 +10,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.bash_turns import bash_call, bash_result
 
 from worker.config import Settings
 from worker.core.identifiers import (
@@ -27,7 +28,7 @@ from worker.summarize.digest import CODE_NAMES, OUTPUT_NAMES, DigestSummarizer, 
 from worker.tokens import count_tokens
 from worker.transcripts.filesystem import FileStore
 from worker.wire.events import CompletedEvent, Summary
-from worker.wire.models import Message, ToolCall
+from worker.wire.models import Message
 from worker.wire.snapshots import parse_snapshot
 
 
@@ -77,30 +78,16 @@ def test_a_word_inside_a_path_or_dotted_name_is_not_listed_again() -> None:
     assert shown_by("a.b.Model") == {"a", "b", "Model", "a.b", "b.Model"}
 
 
-def _call(cid: str, command: str, text: str = "") -> Message:
-    call = ToolCall(id=cid, name="bash", arguments=json.dumps({"command": command}))
-    return Message(id=f"a{cid}", role="assistant", content=text, tool_calls=(call,), source_index=0)
-
-
-def _result(cid: str, output: str) -> Message:
-    return Message(
-        id=f"r{cid}",
-        role="tool",
-        tool_call_id=cid,
-        tool_name="bash",
-        content=f"<returncode>0</returncode>\n<output>\n{output}</output>",
-        source_index=0,
-    )
-
-
 def _session() -> list[Message]:
     return [
-        _call("1", "grep -rn 'def construct_instance' django/forms", "Where is it defined?"),
-        _result("1", "django/forms/models.py:31:def construct_instance(form, instance):\n"),
-        _call("2", "python -c 'from django.forms import construct_instance'", "Now `QuerySet`."),
-        _result("2", "QuerySet_helper fields_for_model ModelFormMetaclass\n"),
-        _call("3", "python -m pytest tests/model_forms -k test_default_not_populated"),
-        _result("3", "1 passed\n"),
+        bash_call("1", "grep -rn 'def construct_instance' django/forms", "Where is it defined?"),
+        bash_result("1", "django/forms/models.py:31:def construct_instance(form, instance):\n"),
+        bash_call(
+            "2", "python -c 'from django.forms import construct_instance'", "Now `QuerySet`."
+        ),
+        bash_result("2", "QuerySet_helper fields_for_model ModelFormMetaclass\n"),
+        bash_call("3", "python -m pytest tests/model_forms -k test_default_not_populated"),
+        bash_result("3", "1 passed\n"),
     ]
 
 
@@ -162,9 +149,9 @@ def _names_of(text: str, title: str) -> list[str]:
 
 def test_a_tighter_bound_gives_way_by_value_and_each_name_list_loses_its_last_names() -> None:
     many = [
-        _call(str(i), f"python run_{i}.py --flag value_{i}", f"Checking helper_{i}.")
+        bash_call(str(i), f"python run_{i}.py --flag value_{i}", f"Checking helper_{i}.")
         for i in range(40)
-    ] + [_result("0", " ".join(f"printed_name_{i}" for i in range(200)))]
+    ] + [bash_result("0", " ".join(f"printed_name_{i}" for i in range(200)))]
     full = _digest(many, bound=4000)
     assert len(_names_of(full.text, OUTPUT_NAMES)) == 200 and not full.truncated
     used_all = _names_of(full.text, CODE_NAMES)
@@ -237,13 +224,15 @@ def test_a_digest_reports_its_own_exact_count(
 ) -> None:
     """The count a digest reports is its text's, whether it fits at once, after its sections
     were cut (the count then comes from the sections' counts) or after a cut of the whole."""
-    messages = [_call(str(k), command, "see `Z_9`") for k, command in enumerate(commands)]
+    messages = [bash_call(str(k), command, "see `Z_9`") for k, command in enumerate(commands)]
     messages += [
         Message(id=f"m{k}", role=role, content=text, source_index=0)
         for k, (role, text) in enumerate(texts)
         if role != "tool"
     ]
-    messages += [_result(str(k), text) for k, (role, text) in enumerate(texts) if role == "tool"]
+    messages += [
+        bash_result(str(k), text) for k, (role, text) in enumerate(texts) if role == "tool"
+    ]
     summary = DigestSummarizer().summarize(
         _request(messages, bound).model_copy(update={"model": model})
     )
@@ -253,7 +242,9 @@ def test_a_digest_reports_its_own_exact_count(
 
 def test_names_an_earlier_digest_listed_are_carried_into_the_next() -> None:
     first = _digest(_session()).text
-    later = _digest([_call("9", "cat docs/ref.rst"), _result("9", "text\n")], previous=first)
+    later = _digest(
+        [bash_call("9", "cat docs/ref.rst"), bash_result("9", "text\n")], previous=first
+    )
     carried = _section(later.text, CODE_NAMES)
     assert "From earlier summaries: " in carried
     assert "construct_instance" in carried
@@ -265,10 +256,10 @@ def test_names_an_earlier_digest_listed_are_carried_into_the_next() -> None:
 def test_an_earlier_summarys_printed_names_come_after_this_ranges_printed_names() -> None:
     """Recency first among the printed names: what this range's tools printed, then what an
     earlier range's printed (BENCHMARKS.md, "Replayed sessions")."""
-    first = _digest([_call("1", "cat a.py"), _result("1", "older_printed_name\n")]).text
+    first = _digest([bash_call("1", "cat a.py"), bash_result("1", "older_printed_name\n")]).text
     assert "older_printed_name" in _section(first, OUTPUT_NAMES)
     later = _digest(
-        [_call("2", "cat b.py"), _result("2", "newer_printed_name\n")], previous=first
+        [bash_call("2", "cat b.py"), bash_result("2", "newer_printed_name\n")], previous=first
     ).text
     printed = _names_of(later, OUTPUT_NAMES)
     assert printed.index("newer_printed_name") < printed.index("older_printed_name")
@@ -281,8 +272,8 @@ def test_a_name_a_longer_dotted_name_shows_is_listed_once_at_the_better_rank() -
     ``setup``)."""
     text = _digest(
         [
-            _call("1", "python -c 'Model_check(); setup_helper()'"),
-            _result("1", "app.models.Model_check\nsetup_helper.cfg\n"),
+            bash_call("1", "python -c 'Model_check(); setup_helper()'"),
+            bash_result("1", "app.models.Model_check\nsetup_helper.cfg\n"),
         ]
     ).text
     used, printed = _names_of(text, CODE_NAMES), _names_of(text, OUTPUT_NAMES)
@@ -297,10 +288,10 @@ def test_names_only_a_directory_listing_printed_come_last() -> None:
     listing = "\n".join(f"listed_module_{k}.py" for k in range(5))
     text = _digest(
         [
-            _call("1", "ls -R"),
-            _result("1", listing + "\nrun_tests.py\n"),
-            _call("2", "cat run_tests.py"),
-            _result("2", "def read_printed_name():\n    pass\n"),
+            bash_call("1", "ls -R"),
+            bash_result("1", listing + "\nrun_tests.py\n"),
+            bash_call("2", "cat run_tests.py"),
+            bash_result("2", "def read_printed_name():\n    pass\n"),
         ]
     ).text
     printed = _section(text, OUTPUT_NAMES)
@@ -312,7 +303,7 @@ def test_names_only_a_directory_listing_printed_come_last() -> None:
     assert names.index("read_printed_name") < names.index("listed_module_0.py")
     # Passed on, they stay listing names, after the next range's own.
     later = _digest(
-        [_call("3", "ls docs"), _result("3", "newer_listed_page.rst\n")], previous=text
+        [bash_call("3", "ls docs"), bash_result("3", "newer_listed_page.rst\n")], previous=text
     ).text
     lines = dict(line.split(": ", 1) for line in _section(later, OUTPUT_NAMES).splitlines())
     assert "listed_module_0.py" not in lines["Seen in outputs"]
@@ -327,10 +318,10 @@ def test_a_listings_entries_beside_what_the_range_works_on_come_first() -> None:
     entries hold (``module``) relates none of them, and the others keep the listing's order."""
     listing = "\n".join(f"module_{k}.py" for k in range(60)) + "\npkg/tests:\ntest_sampled.py\n"
     messages = [
-        _call("1", "ls -R", "Listing the package to find each module."),
-        _result("1", listing),
-        _call("2", "cat pkg/sampled.py"),
-        _result("2", "x = 1\n"),
+        bash_call("1", "ls -R", "Listing the package to find each module."),
+        bash_result("1", listing),
+        bash_call("2", "cat pkg/sampled.py"),
+        bash_result("2", "x = 1\n"),
     ]
     listed = _names_of(_digest(messages).text, OUTPUT_NAMES)
     # ``pkg/tests`` shares ``pkg`` with the file read: related too.
@@ -445,8 +436,8 @@ def test_names_the_messages_kept_beside_the_summary_show_are_not_listed_again(
 
 def test_what_kept_messages_show_whole() -> None:
     kept = [
-        _call("1", "cat /testbed/pkg/sub/mod.py", "Then `django.db.models.Model`."),
-        _result("1", "printed_by_a_tool"),
+        bash_call("1", "cat /testbed/pkg/sub/mod.py", "Then `django.db.models.Model`."),
+        bash_result("1", "printed_by_a_tool"),
     ]
     shown = names_shown(kept)
     assert {"/testbed/pkg/sub/mod.py", "pkg/sub/mod.py", "sub/mod.py", "mod.py"} <= shown
