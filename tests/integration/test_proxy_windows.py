@@ -35,7 +35,7 @@ from openai.types.chat import (
     ChatCompletionToolMessageParam,
     ChatCompletionUserMessageParam,
 )
-from support.http_support import KEY_A, Stack
+from support.http_support import KEY_A, Stack, proxy_agent
 
 from worker.config import MAX_CONTEXT_WINDOW, MIN_CONTEXT_WINDOW, settings_from_mapping
 from worker.core.windows import BUILTIN_WINDOWS, ContextWindow, window_for
@@ -320,12 +320,7 @@ def test_a_model_of_no_known_window_keeps_the_absolute_threshold(
     stack: Stack, llm: StandinLLM
 ) -> None:
     conversation_id = _id("win-none")
-    with openai.OpenAI(
-        base_url=f"{stack.base}/proxy/openai/v1",
-        api_key=AGENT_KEY,
-        max_retries=0,
-        default_headers={"X-Compactor-Conversation": conversation_id, "X-Compactor-Key": KEY_A},
-    ) as client:
+    with proxy_agent(stack, conversation_id, AGENT_KEY) as client:
         raw = client.chat.completions.with_raw_response.create(
             model="our-own-model", messages=openai_history(1)
         )

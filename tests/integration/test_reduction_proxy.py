@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import openai
 import pytest
-from support.http_support import KEY_A, Stack, proxy_config, wait_events
+from support.http_support import Stack, proxy_agent, proxy_config, wait_events
 from support.service_support import conversation
 
 from worker.testing.standin_llm import StandinLLM
@@ -39,12 +38,7 @@ def history(turns: int) -> list[dict[str, Any]]:
 
 
 def test_the_upstream_receives_the_strategys_history(stack: Stack, llm: StandinLLM) -> None:
-    client = openai.OpenAI(
-        base_url=f"{stack.base}/proxy/openai/v1",
-        api_key=AGENT_KEY,
-        max_retries=0,
-        default_headers={"X-Compactor-Conversation": "p-red", "X-Compactor-Key": KEY_A},
-    )
+    client = proxy_agent(stack, "p-red", AGENT_KEY)
     try:
         messages = history(12)
         first = client.chat.completions.create(model="gpt-4.1", messages=messages)

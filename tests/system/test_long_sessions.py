@@ -12,9 +12,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
-from support.http_support import KEY_A, Stack, proxy_config, running_stack
+from support.http_support import Stack, proxy_agent, proxy_config, running_stack
 
 from worker.core.projection import count_request_tokens
 from worker.testing.standin_llm import StandinLLM
@@ -113,15 +112,6 @@ def assert_bounded(sizes: list[int], applied: list[int], turn_tokens: int) -> No
     assert max(sizes) > THRESHOLD // 2  # it did run close to the threshold
 
 
-def proxy_client(stack: Stack, conversation_id: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{stack.base}/proxy/openai/v1",
-        api_key=AGENT_KEY,
-        max_retries=0,
-        default_headers={"X-Compactor-Conversation": conversation_id, "X-Compactor-Key": KEY_A},
-    )
-
-
 def test_200_proxied_turns_stay_under_the_threshold_plus_a_turn(
     stack: Stack, llm: StandinLLM
 ) -> None:
@@ -129,13 +119,13 @@ def test_200_proxied_turns_stay_under_the_threshold_plus_a_turn(
     outcomes = Outcomes(stack, cid)
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
     sizes, applied, turn_tokens = [], [], 0
-    client = proxy_client(stack, cid)
+    client = proxy_agent(stack, cid, AGENT_KEY)
     try:
         for k in range(TURNS):
             if k == RESTART_AT:
                 client.close()
                 restart_midway(stack)
-                client = proxy_client(stack, cid)
+                client = proxy_agent(stack, cid, AGENT_KEY)
             asked = user_turn(k)
             history.append(asked)
             raw = client.chat.completions.with_raw_response.create(
@@ -230,7 +220,7 @@ def test_the_proxy_says_when_its_snapshots_are_rejected(stack: Stack, llm: Stand
     }
     result = {"role": "tool", "tool_call_id": "dup", "content": "ok"}
     history = [{"role": "user", "content": "go"}, call, result, call, result]
-    client = proxy_client(stack, cid)
+    client = proxy_agent(stack, cid, AGENT_KEY)
     try:
         client.chat.completions.create(model="gpt-4.1", messages=history)
         deadline = time.monotonic() + OUTCOME_WAIT_S
